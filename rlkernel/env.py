@@ -1,0 +1,122 @@
+"""The node record: what ran where (docs/contracts.md, section 7). ``python -m rlkernel.env`` prints it."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+
+import torch
+
+_ARCH = {(8, 0): "Ampere", (8, 6): "Ampere", (8, 7): "Ampere", (8, 9): "Ada Lovelace", (9, 0): "Hopper"}
+
+
+def architecture(major: int, minor: int) -> str:
+    if (major, minor) in _ARCH:
+        return _ARCH[(major, minor)]
+    if major in (10, 12):
+        return "Blackwell"
+    return f"unknown (sm_{major}{minor})"
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def _physical(index: int, visible: str | None, uuid: str | None) -> str:
+    """The physical GPU a logical index maps to under CUDA_VISIBLE_DEVICES (an index or a UUID)."""
+    if visible is None or visible.strip() == "":
+        return str(index)
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if index < len(entries):
+        return entries[index]
+    return uuid or str(index)
+
+
+def _bandwidth(props) -> tuple[int | None, str]:
+    """Theoretical DRAM bandwidth: 2 transfers per memory clock (DDR) x bus width."""
+    clock_khz = getattr(props, "memory_clock_rate", None)
+    bus_bits = getattr(props, "memory_bus_width", None)
+    if clock_khz and bus_bits:
+        return int(2 * clock_khz * 1000 * bus_bits // 8), "device properties"
+    return None, "unknown"
+
+
+def _devices() -> list[dict]:
+    if not torch.cuda.is_available():
+        return [{"index": -1, "physical_index": None, "uuid": None, "name": "CPU", "architecture": platform.machine(),
+                 "backend": "cpu", "compute_capability": None, "memory_bytes": None, "sm_count": None,
+                 "memory_bandwidth_bytes_per_s": None, "memory_bandwidth_source": "unknown"}]
+    backend = "rocm" if getattr(torch.version, "hip", None) else "cuda"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        uuid = str(getattr(p, "uuid", "")) or None
+        bw, source = _bandwidth(p)
+        out.append({"index": i, "physical_index": _physical(i, visible, uuid), "uuid": uuid, "name": p.name,
+                    "architecture": architecture(p.major, p.minor), "backend": backend,
+                    "compute_capability": f"{p.major}.{p.minor}", "memory_bytes": int(p.total_memory),
+                    "sm_count": int(p.multi_processor_count), "memory_bandwidth_bytes_per_s": bw,
+                    "memory_bandwidth_source": source})
+    return out
+
+
+def describe() -> dict:
+    from rlkernel import _ext
+
+    reason = _ext.unavailable_reason()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "driver": _driver() if torch.cuda.is_available() else None,
+        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "extension": {"built": reason is None, "archs": _ext.built_archs(), "reason": reason},
+        "devices": _devices(),
+    }
+
+
+def device_record(index: int | None = None) -> dict:
+    """The record of one device: the current CUDA device, or the CPU entry."""
+    devices = describe()["devices"]
+    if index is None:
+        index = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    for d in devices:
+        if d["index"] == index:
+            return d
+    return devices[0]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m rlkernel.env", description="Print this node's record.")
+    ap.add_argument("--json", action="store_true", help="print the record as JSON")
+    args = ap.parse_args(argv)
+    rec = describe()
+    if args.json:
+        print(json.dumps(rec, indent=2))
+        return 0
+    for key in ("python", "torch", "cuda_runtime", "hip", "driver", "device_count", "cuda_visible_devices"):
+        print(f"{key:22} {rec[key]}")
+    ext = rec["extension"]
+    print(f"{'extension':22} {'built for ' + ','.join(ext['archs']) if ext['built'] else ext['reason']}")
+    for d in rec["devices"]:
+        bw = d["memory_bandwidth_bytes_per_s"]
+        print(f"device {d['index']:>2} (physical {d['physical_index']}): {d['name']} | {d['architecture']} | "
+              f"{d['backend']} | cc {d['compute_capability']} | {d['sm_count']} SMs | "
+              f"{(d['memory_bytes'] or 0) / 2**30:.1f} GiB | {bw / 1e12 if bw else float('nan'):.2f} TB/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""rlkernel.logp: per-token log-probs (and entropy) from logits, on the fused CUDA path or the native one."""
+from __future__ import annotations
+
+import torch
+
+from rlkernel import dispatch
+from rlkernel.ops.logp_native import logp_native
+from rlkernel.validate import check_logp_args
+
+
+def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 1.0, ignore_index: int = -100,
+         return_entropy: bool = False, inplace_backward: bool = False, backend: str = "auto",
+         require_fused: bool = False):
+    """``log_softmax(logits / temperature)`` at ``token_ids``, float32, shape ``logits.shape[:-1]``.
+
+    With ``return_entropy=True`` returns ``(logp, entropy)``. Rows whose id is ``ignore_index`` give 0 and no
+    gradient. ``inplace_backward=True`` lets the fused backend write the gradient into the logits' storage:
+    the logits are overwritten during backward. ``backend``: "auto" (fused when it can run, else a recorded
+    fallback), "fused" (raise FusedKernelUnavailable when it cannot), "native". See docs/contracts.md.
+    """
+    check_logp_args(logits, token_ids, temperature)
+    rec = dispatch.resolve("logp.forward", backend, require_fused, logits.device, logits.dtype)
+    if rec.status == "fused":
+        from rlkernel.ops.logp_fused import logp_fused
+
+        out, ent = logp_fused(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
+                              return_entropy=bool(return_entropy), inplace_backward=bool(inplace_backward))
+    else:
+        out, ent = logp_native(logits, token_ids, temperature=temperature, ignore_index=ignore_index,
+                               return_entropy=return_entropy, requested=backend, fallback_reason=rec.reason)
+        out = out.float()
+        ent = ent.float() if ent is not None else None
+    return (out, ent) if return_entropy else out

@@ -1,0 +1,101 @@
+"""The native (reference) backend of rlkernel.logp, in plain PyTorch.
+
+Forward and backward are written out (the backward is the same formula the fused kernel uses), so
+the native path also opens its ``op.logp.backward`` range and records its ``logp.backward`` dispatch.
+Arithmetic is float32 for 16/32-bit logits and float64 for float64 logits.
+"""
+from __future__ import annotations
+
+import torch
+
+from rlkernel import dispatch
+from rlkernel.nvtx_ranges import op_range
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _row_stats(x: torch.Tensor):
+    """Log-sum-exp, log-probs and probabilities of each row of x (already divided by T)."""
+    lse = torch.logsumexp(x, dim=-1)
+    logp_all = x - lse.unsqueeze(-1)
+    p = logp_all.exp()
+    return lse, logp_all, p
+
+
+def _entropy(p: torch.Tensor, logp_all: torch.Tensor) -> torch.Tensor:
+    # p*log p is 0 where p is 0 (a -inf logit), NaN stays NaN (an all -inf or NaN row).
+    plogp = torch.where(p > 0, p * logp_all, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
+    return -plogp.sum(dim=-1)
+
+
+class _NativeLogp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, safe_ids, valid, bad, temperature, return_entropy, requested, status, reason):
+        with op_range("op.logp.forward"):
+            x = logits.to(_compute_dtype(logits.dtype)) / temperature
+            lse, logp_all, p = _row_stats(x)
+            out = logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
+            zero = torch.zeros((), dtype=out.dtype, device=out.device)
+            nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
+            out = torch.where(valid, out, zero)
+            out = torch.where(bad, nan, out)
+            ent = None
+            if return_entropy:
+                ent = torch.where(valid, _entropy(p, logp_all), zero)
+                ent = torch.where(bad, nan, ent)
+        ctx.save_for_backward(logits, safe_ids, valid)
+        ctx.temperature = temperature
+        ctx.record = (requested, status, reason)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        logits, safe_ids, valid = ctx.saved_tensors
+        requested, status, reason = ctx.record  # the backward runs the backend of its forward
+        dispatch.record("logp.backward", requested, "native", status, reason)
+        with op_range("op.logp.backward"):
+            t = ctx.temperature
+            x = logits.to(_compute_dtype(logits.dtype)) / t
+            _, logp_all, p = _row_stats(x)
+            mask = valid.to(x.dtype).unsqueeze(-1)
+            grad = torch.zeros_like(x)
+            if grad_logp is not None:
+                onehot = torch.zeros_like(x).scatter_(-1, safe_ids.unsqueeze(-1), 1.0)
+                grad = grad + grad_logp.to(x.dtype).unsqueeze(-1) * (onehot - p)
+            if grad_ent is not None:
+                ent = _entropy(p, logp_all).unsqueeze(-1)
+                # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
+                term = torch.where(p > 0, p * (logp_all + ent), torch.zeros_like(p))
+                grad = grad - grad_ent.to(x.dtype).unsqueeze(-1) * term
+            grad = (grad * mask / t).to(logits.dtype)
+        return grad, None, None, None, None, None, None, None, None
+
+
+
+
+def logp_native(logits, token_ids, *, temperature, ignore_index, return_entropy, requested="native",
+                fallback_reason=""):
+    """Native log-probs; returns (logp, entropy or None) in the compute dtype (float32, or float64)."""
+    vocab = logits.shape[-1]
+    ids = token_ids.long()
+    valid = ids != ignore_index
+    bad = valid & ((ids < 0) | (ids >= vocab))
+    if logits.device.type == "cpu" and bool(bad.any()):
+        first = int(bad.flatten().nonzero()[0])
+        from rlkernel.validate import bad_id_error
+
+        raise bad_id_error(first, ids.shape, int(ids.flatten()[first]), vocab)
+    safe = torch.where(valid & ~bad, ids, torch.zeros_like(ids))
+    valid = valid & ~bad
+    status = "fallback" if fallback_reason else "native"
+    out, ent = _NativeLogp.apply(logits, safe, valid, bad, float(temperature), bool(return_entropy), requested,
+                                 status, fallback_reason)
+    if logits.device.type != "cpu":
+        from rlkernel.validate import bad_id_error, validation_enabled
+
+        if validation_enabled() and bool(bad.any()):  # one cheap check: the kernels above never read out of bounds
+            first = int(bad.flatten().nonzero()[0])
+            raise bad_id_error(first, ids.shape, int(ids.flatten()[first]), vocab)
+    return out, ent

@@ -1,0 +1,48 @@
+"""The native (reference) backend of rlkernel.sample: the exact filtered law, in plain PyTorch."""
+from __future__ import annotations
+
+import torch
+
+from rlkernel.nvtx_ranges import op_range
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """Rows of (probabilities in sorted order, token ids in that order) after top-k and top-p, renormalised.
+
+    Sorted by probability, descending; ties by lower token id (a stable sort keeps id order among equals),
+    so "the top k" is always exactly k tokens.
+    """
+    x = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+    p = torch.softmax(x / temperature, dim=-1)
+    sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
+    vocab = p.shape[-1]
+    if 0 < top_k < vocab:
+        sorted_p = sorted_p[..., :top_k]
+        order = order[..., :top_k]
+    sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+    if top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p: token i stays while the mass before it is < top_p
+        before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        sorted_p = torch.where(before < top_p, sorted_p, torch.zeros_like(sorted_p))
+        sorted_p = sorted_p / sorted_p.sum(dim=-1, keepdim=True)
+    return sorted_p, order
+
+
+def sample_native(logits, *, temperature, top_k, top_p, generator):
+    """Draw one id per row; returns int64 ids of shape logits.shape[:-1]."""
+    vocab = logits.shape[-1]
+    rows = logits.reshape(-1, vocab)
+    with op_range("op.sample"):
+        if rows.shape[0] == 0:
+            return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
+        if temperature == 0:
+            ids = torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
+            return ids.reshape(logits.shape[:-1])
+        probs, order = filtered_probs(rows, temperature, top_k, top_p)
+        finite = torch.isfinite(probs).all(dim=-1)
+        if not bool(finite.all()):
+            first = int((~finite).nonzero()[0])
+            raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
+        pick = torch.multinomial(probs, 1, generator=generator)
+        ids = order.gather(-1, pick).squeeze(-1)
+    return ids.reshape(logits.shape[:-1])

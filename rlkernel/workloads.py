@@ -1,0 +1,297 @@
+"""The workload registry: the one place a workload is defined (docs/contracts.md, section 4).
+
+The profile suite, ``pipelines.capture`` and the GRPO example all run workloads from here, so a CSV row
+and a trace of the same workload measure the same thing.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from rlkernel import dispatch
+from rlkernel.nvtx_ranges import workload_range
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch_size: int
+    seq_len: int
+    vocab_size: int
+    top_k: int = 50
+    top_p: float = 0.9
+    temperature: float = 1.0
+
+    @property
+    def rows(self) -> int:
+        return self.batch_size * self.seq_len
+
+    def as_dict(self) -> dict:
+        return {"batch_size": self.batch_size, "seq_len": self.seq_len, "vocab_size": self.vocab_size,
+                "top_k": self.top_k, "top_p": self.top_p, "temperature": self.temperature}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    op: str  # logp | logp+backward | sample | grpo-step
+    path: str  # native | fused
+    backend: str  # the backend argument the ops are called with
+    fused_ops: tuple[str, ...]
+    description: str
+    build: Callable[[Shape, torch.dtype, torch.device, int], dict]
+    step: Callable[[dict], Any]
+    count_bytes: Callable[[Shape, torch.dtype], int]
+    count_flops: Callable[[Shape, torch.dtype], int]
+    compare: Callable[[dict], str | None] | None = None
+    has_backward: bool = False
+    uses_seq_len: bool = True
+    fused_patterns: tuple[str, ...] = field(default=("rlkernel_*",))
+
+    def __post_init__(self):
+        if self.path not in ("native", "fused"):
+            raise ValueError(f"{self.name}: path must be native or fused")
+        if (self.path == "fused") != bool(self.fused_ops):
+            raise ValueError(f"{self.name}: fused workloads list their fused_ops, native ones none")
+        unknown = set(self.fused_ops) - set(dispatch.OPS)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown ops in fused_ops: {sorted(unknown)}")
+
+    def effective_shape(self, shape: Shape) -> Shape:
+        """Sampling draws one token per row: seq_len is 1 whatever was asked."""
+        if self.uses_seq_len:
+            return shape
+        return Shape(shape.batch_size, 1, shape.vocab_size, shape.top_k, shape.top_p, shape.temperature)
+
+    def make_inputs(self, shape: Shape, dtype: torch.dtype, device, seed: int) -> dict:
+        return self.build(self.effective_shape(shape), dtype, torch.device(device), seed)
+
+    def run(self, inputs: dict):
+        """One repetition's work, without the workload range."""
+        return self.step(inputs)
+
+    def repetition(self, inputs: dict):
+        """One repetition inside its workload range; a backward runs on this thread (contracts, section 3)."""
+        single = torch.autograd.set_multithreading_enabled(False) if self.has_backward else contextlib.nullcontext()
+        with single, workload_range(self.name):
+            return self.step(inputs)
+
+    def check(self, inputs: dict) -> str | None:
+        """None, or one line saying how this workload's result differs from the native path on the same inputs."""
+        return self.compare(inputs) if self.compare else None
+
+    def bytes_moved(self, shape: Shape, dtype: torch.dtype) -> int:
+        return int(self.count_bytes(self.effective_shape(shape), dtype))
+
+    def flops(self, shape: Shape, dtype: torch.dtype) -> int:
+        return int(self.count_flops(self.effective_shape(shape), dtype))
+
+    def manifest_entry(self, shape: Shape, dtype: torch.dtype, warmup: int, repeat: int) -> dict:
+        return {"name": self.name, "op": self.op, "path": self.path, "shape": self.effective_shape(shape).as_dict(),
+                "dtype": str(dtype).removeprefix("torch."), "warmup": warmup, "repeat": repeat,
+                "bytes": self.bytes_moved(shape, dtype), "flops": self.flops(shape, dtype),
+                "fused_patterns": list(self.fused_patterns), "fused_ops": list(self.fused_ops)}
+
+
+REGISTRY: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    if workload.name in REGISTRY:
+        raise ValueError(f"workload {workload.name!r} registered twice")
+    REGISTRY[workload.name] = workload
+    return workload
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str) -> Workload:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(REGISTRY)}") from None
+
+
+def fused_available(workload: Workload, device, dtype: torch.dtype) -> str | None:
+    """None when every op of ``workload.fused_ops`` can run fused here, else the first reason it cannot."""
+    for op in workload.fused_ops:
+        reason = dispatch.fused_unavailable_reason(op, torch.device(device), dtype)
+        if reason:
+            return reason
+    return None
+
+
+# ---- inputs -------------------------------------------------------------------------------------------
+
+def _generator(device: torch.device, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _logits(shape: Shape, dtype, device, seed) -> torch.Tensor:
+    # Random logits with a spread like a language model's (never zeros: zeros hide unwritten outputs).
+    g = _generator(device, seed)
+    return (torch.randn(shape.rows, shape.vocab_size, generator=g, device=device, dtype=torch.float32) * 2.0).to(dtype)
+
+
+def _logp_inputs(shape, dtype, device, seed, *, backward=False):
+    g = _generator(device, seed + 1)
+    logits = _logits(shape, dtype, device, seed)
+    ids = torch.randint(0, shape.vocab_size, (shape.rows,), generator=g, device=device)
+    inputs = {"logits": logits, "ids": ids, "temperature": shape.temperature}
+    if backward:
+        logits.requires_grad_(True)
+        inputs["grad"] = torch.randn(shape.rows, generator=g, device=device, dtype=torch.float32)
+    return inputs
+
+
+def _sample_inputs(shape, dtype, device, seed):
+    return {"logits": _logits(shape, dtype, device, seed), "temperature": shape.temperature, "top_k": shape.top_k,
+            "top_p": shape.top_p, "generator": _generator(device, seed + 2)}
+
+
+# ---- steps --------------------------------------------------------------------------------------------
+
+def _logp_step(backend):
+    def step(inp):
+        from rlkernel import logp
+
+        with torch.no_grad():
+            return logp(inp["logits"], inp["ids"], temperature=inp["temperature"], backend=backend)
+    return step
+
+
+def _logp_bwd_step(backend):
+    def step(inp):
+        from rlkernel import logp
+
+        logits = inp["logits"]
+        logits.grad = None  # no accumulation kernel between repetitions
+        out = logp(logits, inp["ids"], temperature=inp["temperature"], backend=backend)
+        out.backward(inp["grad"])
+        return out.detach(), logits.grad
+    return step
+
+
+def _sample_step(backend):
+    def step(inp):
+        from rlkernel import sample
+
+        return sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
+                      generator=inp["generator"], backend=backend)
+    return step
+
+
+# ---- checks against native on the same inputs ---------------------------------------------------------
+
+def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    # Both paths accumulate in float32 from the same rounded inputs; they differ only in summation order,
+    # so the error is a few float32 ulps of the log-sum-exp (|lse| ~ log V + max logit, i.e. ~10-30).
+    return (1e-4, 1e-5)
+
+
+def _compare_logp(inp) -> str | None:
+    from rlkernel import logp
+
+    with torch.no_grad():
+        got = logp(inp["logits"], inp["ids"], temperature=inp["temperature"], backend="auto")
+        ref = logp(inp["logits"], inp["ids"], temperature=inp["temperature"], backend="native")
+    return _mismatch("logp", got, ref, *_tolerance(inp["logits"].dtype))
+
+
+def _compare_logp_bwd(inp) -> str | None:
+    out, grad = _logp_bwd_step("auto")(inp)
+    out, grad = out.clone(), grad.clone()
+    ref_out, ref_grad = _logp_bwd_step("native")(inp)
+    inp["logits"].grad = None
+    # gradients are p - onehot in [-1, 1], rounded to the logits' dtype on the way out
+    eps = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(grad.dtype, 1e-5)
+    return _mismatch("logp", out, ref_out, *_tolerance(grad.dtype)) or _mismatch("grad", grad, ref_grad, eps, eps)
+
+
+def _compare_sample(inp) -> str | None:
+    """The fused sampler need not draw the same ids as native; each drawn id must be in the kept set."""
+    from rlkernel import sample
+    from rlkernel.ops.sampling_native import filtered_probs
+
+    ids = sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
+                 generator=inp["generator"], backend="auto")
+    probs, order = filtered_probs(inp["logits"], inp["temperature"], inp["top_k"], inp["top_p"])
+    kept = torch.zeros(inp["logits"].shape, dtype=torch.bool, device=ids.device).scatter_(-1, order, probs > 0)
+    outside = ~kept.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    if bool(outside.any()):
+        row = int(outside.nonzero()[0])
+        return f"sample: row {row} drew id {int(ids[row])}, outside the top-k/top-p set"
+    return None
+
+
+def _mismatch(what, got, ref, atol, rtol) -> str | None:
+    if got.shape != ref.shape:
+        return f"{what}: shape {tuple(got.shape)} != native {tuple(ref.shape)}"
+    if torch.allclose(got.float(), ref.float(), atol=atol, rtol=rtol, equal_nan=True):
+        return None
+    err = (got.float() - ref.float()).abs().nan_to_num(float("inf"))
+    i = int(err.flatten().argmax())
+    return (f"{what}: max |fused - native| {float(err.flatten()[i]):.3g} at {i} "
+            f"(atol {atol:g}, rtol {rtol:g})")
+
+
+# ---- bytes and flops ----------------------------------------------------------------------------------
+
+def _size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _logp_bytes(s: Shape, dtype) -> int:
+    return s.rows * s.vocab_size * _size(dtype) + s.rows * (8 + 4)  # logits once, ids in, logp out
+
+
+def _logp_bwd_bytes(s: Shape, dtype) -> int:
+    # forward reads the logits; backward reads them again and writes the gradient
+    return 3 * s.rows * s.vocab_size * _size(dtype) + s.rows * (8 + 4 + 4 + 4)
+
+
+def _sample_bytes(s: Shape, dtype) -> int:
+    return s.rows * s.vocab_size * _size(dtype) + s.rows * 8
+
+
+def _logp_flops(s: Shape, dtype) -> int:
+    return 5 * s.rows * s.vocab_size  # scale, max, subtract, exp, add per logit (exp counted as one)
+
+
+def _logp_bwd_flops(s: Shape, dtype) -> int:
+    return 5 * s.rows * s.vocab_size + 5 * s.rows * s.vocab_size  # forward, then scale/exp/subtract/mul per logit
+
+
+def _sample_flops(s: Shape, dtype) -> int:
+    return 5 * s.rows * s.vocab_size  # the softmax pass; selection among survivors is negligible
+
+
+def _register_defaults() -> None:
+    for path, backend in (("native", "native"), ("fused", "auto")):
+        fused = path == "fused"
+        register(Workload(
+            name=f"logp-{path}", op="logp", path=path, backend=backend,
+            fused_ops=("logp.forward",) if fused else (),
+            description=f"per-token log-probs, forward only, {path} path",
+            build=_logp_inputs, step=_logp_step(backend), count_bytes=_logp_bytes, count_flops=_logp_flops,
+            compare=_compare_logp if fused else None))
+        register(Workload(
+            name=f"logp-{path}-bwd", op="logp+backward", path=path, backend=backend,
+            fused_ops=("logp.forward", "logp.backward") if fused else (),
+            description=f"per-token log-probs, forward and backward, {path} path",
+            build=lambda s, d, dev, seed: _logp_inputs(s, d, dev, seed, backward=True),
+            step=_logp_bwd_step(backend), count_bytes=_logp_bwd_bytes, count_flops=_logp_bwd_flops,
+            compare=_compare_logp_bwd if fused else None, has_backward=True))
+        register(Workload(
+            name=f"sampling-{path}", op="sample", path=path, backend=backend,
+            fused_ops=("sample",) if fused else (),
+            description=f"top-k/top-p/temperature sampling, one token per row, {path} path",
+            build=_sample_inputs, step=_sample_step(backend), count_bytes=_sample_bytes, count_flops=_sample_flops,
+            compare=_compare_sample if fused else None, uses_seq_len=False))
+
+
+_register_defaults()
