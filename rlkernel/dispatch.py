@@ -60,7 +60,8 @@ def record(op: str, requested: str, backend: str, status: str, reason: str = "")
         if first_warning:
             _warned.add((op, reason))
     if first_warning:
-        warnings.warn(f"rlkernel {op}: fused path unavailable ({reason}); running native", FallbackWarning, stacklevel=4)
+        warnings.warn(f"rlkernel {op}: fused path unavailable ({reason}); running native", FallbackWarning,
+                      stacklevel=4)
     return rec
 
 

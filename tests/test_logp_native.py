@@ -1,9 +1,9 @@
 """The native logp backend against an independent float64 reference (CPU)."""
 import pytest
 import torch
+from reference import logp_grad_ref, logp_ref
 
 import rlkernel
-from reference import logp_grad_ref, logp_ref
 
 # (dtype, atol, rtol). The reference is computed in float64 from the *same rounded* logits, so the only error
 # is float32 arithmetic: a few ulps of the log-sum-exp, whose magnitude is log V + max|x| (<= ~30 here) -> 1e-4.

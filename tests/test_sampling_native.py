@@ -3,9 +3,9 @@ import math
 
 import pytest
 import torch
+from reference import filtered_distribution
 
 import rlkernel
-from reference import filtered_distribution
 
 DRAWS = 20000
 
