@@ -1,0 +1,90 @@
+"""The node record and the workload registry (CPU)."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlkernel import env, workloads
+from rlkernel.workloads import Shape, Workload
+
+pytestmark = pytest.mark.smoke
+
+
+def test_cpu_node_record():
+    rec = env.describe()
+    for key in ("python", "torch", "cuda_runtime", "hip", "driver", "device_count", "extension", "devices"):
+        assert key in rec
+    if not torch.cuda.is_available():
+        (dev,) = rec["devices"]
+        assert dev["name"] == "CPU" and dev["backend"] == "cpu" and dev["index"] == -1
+        assert rec["extension"]["built"] is False and rec["extension"]["reason"]
+
+
+def test_env_cli_prints_and_json_round_trips():
+    out = subprocess.run([sys.executable, "-m", "rlkernel.env", "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["torch"] == torch.__version__
+    text = subprocess.run([sys.executable, "-m", "rlkernel.env"], capture_output=True, text=True, check=True).stdout
+    assert "extension" in text and "device" in text
+
+
+@pytest.mark.parametrize("cc,arch", [((8, 0), "Ampere"), ((8, 6), "Ampere"), ((8, 9), "Ada Lovelace"),
+                                     ((9, 0), "Hopper"), ((10, 0), "Blackwell"), ((12, 0), "Blackwell")])
+def test_architecture_names(cc, arch):
+    assert env.architecture(*cc) == arch
+
+
+def test_physical_index_mapping():
+    assert env._physical(0, "3,1", None) == "3"
+    assert env._physical(1, "GPU-abc,GPU-def", None) == "GPU-def"
+    assert env._physical(2, None, None) == "2"
+
+
+def test_registry_entries_and_fields():
+    expected = {"logp-native", "logp-fused", "logp-native-bwd", "logp-fused-bwd", "sampling-native",
+                "sampling-fused"}
+    assert expected <= set(workloads.names())
+    for name in workloads.names():
+        w = workloads.get(name)
+        assert w.path in ("native", "fused")
+        assert bool(w.fused_ops) == (w.path == "fused")
+        assert w.fused_patterns
+    with pytest.raises(KeyError, match="unknown workload"):
+        workloads.get("nope")
+
+
+def test_registry_validates_entries():
+    w = workloads.get("logp-native")
+    with pytest.raises(ValueError, match="fused_ops"):
+        Workload(name="x", op="logp", path="fused", backend="auto", fused_ops=(), description="",
+                 build=w.build, step=w.step, count_bytes=w.count_bytes, count_flops=w.count_flops)
+    with pytest.raises(ValueError, match="unknown ops"):
+        Workload(name="x", op="logp", path="fused", backend="auto", fused_ops=("logp.sideways",), description="",
+                 build=w.build, step=w.step, count_bytes=w.count_bytes, count_flops=w.count_flops)
+    with pytest.raises(ValueError, match="twice"):
+        workloads.register(w)
+
+
+@pytest.mark.parametrize("name", ["logp-fused", "logp-fused-bwd", "sampling-fused"])
+def test_fused_workloads_run_on_cpu_as_fallback_and_check_clean(name):
+    w = workloads.get(name)
+    shape = Shape(2, 3, 37)
+    inputs = w.make_inputs(shape, torch.float32, "cpu", seed=0)
+    assert not torch.all(inputs["logits"] == 0)
+    assert w.check(inputs) is None
+    assert workloads.fused_available(w, "cpu", torch.float32) == "tensor on cpu"
+    from rlkernel import dispatch
+
+    with dispatch.recording() as rec:
+        w.repetition(inputs)
+    assert rec.statuses() == {"fallback"}
+
+
+def test_bytes_and_sampling_shape():
+    s = Shape(4, 8, 1000)
+    assert workloads.get("logp-native").bytes_moved(s, torch.bfloat16) == 32 * 1000 * 2 + 32 * 12
+    assert workloads.get("logp-native-bwd").bytes_moved(s, torch.float32) == 3 * 32 * 1000 * 4 + 32 * 20
+    sampling = workloads.get("sampling-native")
+    assert sampling.effective_shape(s).seq_len == 1
+    assert sampling.bytes_moved(s, torch.float32) == 4 * 1000 * 4 + 4 * 8
