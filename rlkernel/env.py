@@ -48,11 +48,16 @@ def _bandwidth(props) -> tuple[int | None, str]:
     return None, "unknown"
 
 
+def cpu_device() -> dict:
+    """The CPU's device entry (index -1): the only device on a CPU-only node, and what a --device cpu run records."""
+    return {"index": -1, "physical_index": None, "uuid": None, "name": "CPU", "architecture": platform.machine(),
+            "backend": "cpu", "compute_capability": None, "memory_bytes": None, "sm_count": None,
+            "memory_bandwidth_bytes_per_s": None, "memory_bandwidth_source": "unknown"}
+
+
 def _devices() -> list[dict]:
     if not torch.cuda.is_available():
-        return [{"index": -1, "physical_index": None, "uuid": None, "name": "CPU", "architecture": platform.machine(),
-                 "backend": "cpu", "compute_capability": None, "memory_bytes": None, "sm_count": None,
-                 "memory_bandwidth_bytes_per_s": None, "memory_bandwidth_source": "unknown"}]
+        return [cpu_device()]
     backend = "rocm" if getattr(torch.version, "hip", None) else "cuda"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     out = []
@@ -93,7 +98,7 @@ def device_record(index: int | None = None) -> dict:
     for d in devices:
         if d["index"] == index:
             return d
-    return devices[0]
+    return cpu_device() if index == -1 else devices[0]
 
 
 def main(argv=None) -> int:
