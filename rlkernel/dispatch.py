@@ -102,8 +102,11 @@ def recording():
     try:
         yield rec
     finally:
-        with _lock:
-            _recorders.remove(rec._counter)
+        with _lock:  # by identity: list.remove would match another block's Counter that compares equal
+            for i, counter in enumerate(_recorders):
+                if counter is rec._counter:
+                    del _recorders[i]
+                    break
 
 
 def worst(statuses) -> str | None:

@@ -118,3 +118,13 @@ def test_bad_backend_and_contradiction():
         rlkernel.logp(logits, ids, backend="triton")
     with pytest.raises(ValueError, match="contradicts"):
         rlkernel.logp(logits, ids, backend="native", require_fused=True)
+
+
+def test_nested_recordings_each_see_their_records():
+    logits, ids = _inputs()
+    with dispatch.recording() as outer:
+        with dispatch.recording() as inner:  # both empty: equal Counters must not be confused on exit
+            pass
+        rlkernel.logp(logits, ids, backend="native")
+    assert inner.records == []
+    assert outer.records == [(Dispatch("logp.forward", "native", "native", "native", ""), 1)]

@@ -1,0 +1,111 @@
+"""The GRPO step (rlkernel.grpo) and its CLI (examples/grpo_single_gpu.py), on CPU."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlkernel import workloads
+from rlkernel.grpo import GRPOConfig, Trainer, compare_backends, completion_mask, group_advantages
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "grpo_single_gpu.py"
+GUIDE_ARGS = ["--steps", "2", "--num-prompts", "1", "--samples-per-prompt", "2", "--prompt-len", "2",
+              "--completion-len", "3", "--vocab-size", "16", "--hidden-dim", "8"]
+TINY = GRPOConfig(num_prompts=2, samples_per_prompt=4, prompt_len=3, completion_len=5, vocab_size=24, hidden_dim=8)
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.smoke
+def test_two_steps_finite_loss_and_learning_signal():
+    trainer = Trainer(TINY, "cpu")
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    results = [trainer.step() for _ in range(2)]
+    for r in results:
+        assert all(map(torch.isfinite, map(torch.tensor, (r.loss, r.policy_loss, r.kl)))), r
+        assert r.logp_forward == ("fallback", "tensor on cpu") and r.logp_backward == ("fallback", "tensor on cpu")
+        assert r.sampler_gap == 0.0  # same native path and bitwise the same logits (Policy.logits_per_position)
+    assert results[0].kl == 0.0  # policy == reference before the first update
+    assert results[1].kl > 0.0  # the update moved the policy (the backward reached the parameters)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters(), strict=True))
+
+
+@pytest.mark.smoke
+def test_constant_reward_group_has_zero_advantage():
+    rewards = torch.tensor([0.3, 0.3, 0.3, 0.0, 1.0, 0.5, 0.7, 0.7, 0.7])
+    adv = group_advantages(rewards, 3)
+    assert torch.equal(adv[:3], torch.zeros(3)) and torch.equal(adv[6:], torch.zeros(3))  # exact, not ~0, not NaN
+    assert torch.allclose(adv[3:6].mean(), torch.tensor(0.0), atol=1e-6)  # float32 rounding of a mean
+    assert torch.allclose(adv[3:6].std(unbiased=False), torch.tensor(1.0), atol=1e-6)
+    assert torch.equal(group_advantages(torch.tensor([0.4, 0.9]), 1), torch.zeros(2))  # a group of one
+
+
+@pytest.mark.smoke
+def test_completion_mask_ends_after_first_eos():
+    c = torch.tensor([[5, 0, 3, 0], [0, 2, 2, 2], [1, 2, 3, 4]])
+    assert completion_mask(c).tolist() == [[True, True, False, False], [True, False, False, False], [True] * 4]
+
+
+@pytest.mark.smoke
+def test_compare_backends_on_cpu_gives_identical_losses():
+    steps = list(compare_backends(TINY, "cpu", 3))
+    assert [c.diff for c in steps] == [0.0, 0.0, 0.0]  # both runs are native on CPU: same arithmetic
+    assert all(c.first.loss == c.native.loss for c in steps)
+    assert 0 < steps[0].bound < steps[-1].bound  # the bound accumulates over steps
+
+
+@pytest.mark.smoke
+def test_strict_flag_on_cpu_exits_3_with_one_line():
+    for device_args, expected in ((["--device", "cpu"], "tensor on cpu"), (["--device", "cuda"], "CUDA")):
+        if device_args[1] == "cuda" and torch.cuda.is_available():
+            continue
+        p = _run(*device_args, "--require-fused-logp", *GUIDE_ARGS)
+        assert p.returncode == 3, p.stderr
+        assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and expected in p.stderr
+        assert "Traceback" not in p.stderr
+
+
+@pytest.mark.smoke
+def test_cli_runs_two_steps_one_line_each():
+    p = _run("--device", "cpu", *GUIDE_ARGS)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("step 1/2  loss ")
+    assert "logp.backward fallback (tensor on cpu)" in lines[0]
+
+
+@pytest.mark.smoke
+def test_cli_bad_input_is_one_line_exit_2(capsys):
+    spec = importlib.util.spec_from_file_location("grpo_single_gpu", SCRIPT)
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)  # in-process: one interpreter start for all the cases
+    for bad in (["--top-p", "0"], ["--steps", "0"], ["--bogus"], ["--vocab-size", "1"],
+                ["--require-fused-logp", "--logp-backend", "native"]):
+        assert cli.main(["--device", "cpu", *bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("grpo_single_gpu: "), (bad, err)
+
+
+@pytest.mark.smoke
+def test_cli_compare_backends_on_cpu():
+    p = _run("--device", "cpu", "--compare-backends", *GUIDE_ARGS)
+    assert p.returncode == 0, p.stderr
+    assert "|diff| 0  bound" in p.stdout and "largest loss difference 0 at step" in p.stdout
+
+
+@pytest.mark.smoke
+def test_grpo_step_workload_runs_one_step_and_checks():
+    wl = workloads.get("grpo-step")
+    assert wl.fused_ops == ("logp.forward", "logp.backward") and wl.has_backward
+    shape = workloads.Shape(batch_size=6, seq_len=3, vocab_size=32)
+    inp = wl.make_inputs(shape, torch.float32, "cpu", 0)
+    assert inp["cfg"].batch_size == 6 and inp["cfg"].completion_len == 3  # 3 prompts x 2 samples
+    r = wl.repetition(inp)
+    assert torch.isfinite(torch.tensor(r.loss)) and r.logp_backward[0] == "fallback"
+    assert wl.check(inp) is None
+    assert wl.bytes_moved(shape, torch.float32) > 11 * shape.rows * shape.vocab_size * 4
+    assert wl.flops(shape, torch.float16) == wl.flops(shape, torch.float32) > 0
