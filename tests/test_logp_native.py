@@ -92,7 +92,7 @@ def test_gradcheck_small_shapes():
     ids = torch.tensor([1, -100, 16])
 
     def f(x):
-        lp, ent = logp_native(x, ids, temperature=1.3, ignore_index=-100, return_entropy=True)
+        lp, ent = logp_native(x, ids, temperature=1.3, ignore_index=-100, return_entropy=True, keep_dtype=True)
         return lp, ent
 
     assert torch.autograd.gradcheck(f, (logits,), eps=1e-6, atol=1e-7)

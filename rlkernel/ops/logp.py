@@ -28,6 +28,4 @@ def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 
     else:
         out, ent = logp_native(logits, token_ids, temperature=temperature, ignore_index=ignore_index,
                                return_entropy=return_entropy, requested=backend, fallback_reason=rec.reason)
-        out = out.float()
-        ent = ent.float() if ent is not None else None
     return (out, ent) if return_entropy else out

@@ -33,18 +33,17 @@ def _entropy(p: torch.Tensor, logp_all: torch.Tensor) -> torch.Tensor:
 class _NativeLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, safe_ids, valid, bad, temperature, return_entropy, requested, status, reason):
-        with op_range("op.logp.forward"):
-            x = logits.to(_compute_dtype(logits.dtype)) / temperature
-            lse, logp_all, p = _row_stats(x)
-            out = logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
-            zero = torch.zeros((), dtype=out.dtype, device=out.device)
-            nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
-            out = torch.where(valid, out, zero)
-            out = torch.where(bad, nan, out)
-            ent = None
-            if return_entropy:
-                ent = torch.where(valid, _entropy(p, logp_all), zero)
-                ent = torch.where(bad, nan, ent)
+        x = logits.to(_compute_dtype(logits.dtype)) / temperature
+        lse, logp_all, p = _row_stats(x)
+        out = logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
+        zero = torch.zeros((), dtype=out.dtype, device=out.device)
+        nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
+        out = torch.where(valid, out, zero)
+        out = torch.where(bad, nan, out)
+        ent = None
+        if return_entropy:
+            ent = torch.where(valid, _entropy(p, logp_all), zero)
+            ent = torch.where(bad, nan, ent)
         ctx.save_for_backward(logits, safe_ids, valid)
         ctx.temperature = temperature
         ctx.record = (requested, status, reason)
@@ -76,8 +75,22 @@ class _NativeLogp(torch.autograd.Function):
 
 
 def logp_native(logits, token_ids, *, temperature, ignore_index, return_entropy, requested="native",
-                fallback_reason=""):
-    """Native log-probs; returns (logp, entropy or None) in the compute dtype (float32, or float64)."""
+                fallback_reason="", keep_dtype=False):
+    """Native log-probs: float32 (logp, entropy or None); ``keep_dtype`` keeps float64 for float64 logits
+    (gradcheck needs it).
+
+    The whole call, id checks and output casts included, runs inside ``op.logp.forward``: a native op range
+    holds every kernel of its op (contracts, section 3)."""
+    with op_range("op.logp.forward"):
+        out, ent = _logp_native(logits, token_ids, temperature, ignore_index, return_entropy, requested,
+                                fallback_reason)
+        if not keep_dtype:
+            out = out.float()
+            ent = ent.float() if ent is not None else None
+        return out, ent
+
+
+def _logp_native(logits, token_ids, temperature, ignore_index, return_entropy, requested, fallback_reason):
     vocab = logits.shape[-1]
     ids = token_ids.long()
     valid = ids != ignore_index

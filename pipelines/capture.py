@@ -1,0 +1,333 @@
+"""python -m pipelines.capture: run registry workloads under Nsight Systems / Nsight Compute into one run directory.
+
+The child (``pipelines.capture_child``) warms each workload up outside any NVTX range, then runs ``--repeat``
+repetitions inside the workload's range ``rlkernel:<workload>``. nsys traces CUDA and NVTX and its export
+(``trace.sqlite``) is what ``python -m pipelines.analyze`` reads; ncu measures a fixed metric list for the
+kernels inside each workload range (one ncu pass per workload) into the long-format ``ncu.csv``. Progress
+goes to stderr; the run directory's path is the last line on stdout. The manifest's ``dispatch`` is the
+traced (nsys) child's dispatch history; every child step also keeps its own under ``steps``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from pipelines import ncu_csv, runs, tools
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, fail
+
+PROG = "pipelines.capture"
+HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs
+_KEYS = ("op", "requested", "backend", "status", "reason")  # a dispatch record's identity
+_ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+
+EPILOG = """\
+exit codes: 0 run complete (and, with --require-fused, every fused workload ran fused); 1 the capture
+failed (the run is kept as <name>-failed/ with the error in its manifest) or --require-fused found a fused
+workload that did not run fused; 2 bad arguments; 3 this machine lacks something (no CUDA device, no
+nsys/ncu, nsys's importer cannot start, the nvtx package, the analyzer for --require-fused).
+On the project's GPU node run `source .node-kit/env.sh` first: it puts the nsys bundled with Nsight Compute
+and the libraries its importer needs in place."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (contracts, section 5), not argparse's usage block
+        raise CliError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rlkernel import workloads
+
+    ap = _Parser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
+                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", action="append", metavar="NAME", required=True,
+                    help=f"registry workload, repeatable: {', '.join(workloads.names())}")
+    ap.add_argument("--tool", choices=("nsys", "ncu", "all"), default="nsys", help="profiler(s) to run (default nsys)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=512, help="ignored by sampling workloads (one row per sequence)")
+    ap.add_argument("--vocab-size", type=int, default=128256)
+    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="bfloat16")
+    ap.add_argument("--top-k", type=int, default=50, help="sampling: keep the k most probable (0 = all)")
+    ap.add_argument("--top-p", type=float, default=0.9, help="sampling: nucleus mass, in (0, 1]")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--warmup", type=int, default=3, help="runs per workload outside any range (default 3)")
+    ap.add_argument("--repeat", type=int, default=5, help="repetitions per workload, each in its range (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output-dir", default="runs", help="where run directories go (default runs)")
+    ap.add_argument("--nsys", metavar="PATH", help="nsys to use (else $NSYS, PATH, $CUDA_HOME/bin, /opt/nvidia)")
+    ap.add_argument("--ncu", metavar="PATH", help="ncu to use (else $NCU, PATH, $CUDA_HOME/bin, /opt/nvidia)")
+    ap.add_argument("--require-fused", action="store_true",
+                    help="after the capture, run the analyzer's verdict on it; exit 1 unless every fused workload "
+                         "ran fused (the run is kept either way)")
+    ap.add_argument("--keep-ncu-rep", action="store_true",
+                    help="keep ncu's reports ncu-<workload>.ncu-rep in the run (for ncu-ui; they embed the kernels' "
+                         "modules, ~100 MB each for PyTorch's kernels); by default only ncu.csv is kept")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu runs the workloads on the CPU to test the pipeline itself: its trace holds no kernels")
+    return ap
+
+
+def validate(args) -> None:
+    from rlkernel import workloads
+
+    for name in args.workload:
+        if name not in workloads.REGISTRY:
+            raise CliError(f"unknown workload {name!r}; known: {', '.join(workloads.names())}")
+    if len(set(args.workload)) != len(args.workload):
+        raise CliError("a workload is named twice")
+    for flag in ("batch_size", "seq_len", "vocab_size", "repeat"):
+        if getattr(args, flag) < 1:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    for flag in ("warmup", "top_k"):
+        if getattr(args, flag) < 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if not 0 < args.top_p <= 1:
+        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
+    if args.temperature < 0 or (logp_ops and args.temperature == 0):
+        raise CliError(f"--temperature must be > 0 (>= 0 for sampling only), got {args.temperature}")
+
+
+# ---- command lines ---------------------------------------------------------------------------------------
+
+def child_argv(args, names: list[str], record: str) -> list[str]:
+    argv = [sys.executable, "-m", "pipelines.capture_child"]
+    for n in names:
+        argv += ["--workload", n]
+    for flag in ("batch_size", "seq_len", "vocab_size", "top_k", "top_p", "temperature", "dtype", "warmup",
+                 "repeat", "seed", "device"):
+        argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    return argv + ["--record", record]
+
+
+def nsys_profile_argv(nsys: str, out_base: str, child: list[str]) -> list[str]:
+    # no CPU sampling or context switches: without them even a tiny program writes a 2 GB .qdstrm
+    return [nsys, "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none", "--cuda-graph-trace=node",
+            "-o", out_base, "--force-overwrite", "true", *child]
+
+
+def nsys_export_argv(nsys: str, rep: str, sqlite: str) -> list[str]:
+    return [nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "--output", sqlite, rep]
+
+
+def ncu_profile_argv(ncu: str, workload: str, out_base: str, child: list[str]) -> list[str]:
+    # push/pop ranges of domain D are named "D@range/"; --clock-control none keeps the GPU's own clocks
+    return [ncu, "--nvtx", "--nvtx-include", f"rlkernel@{workload}/", "--clock-control", "none",
+            "--metrics", ",".join(ncu_csv.METRICS), "-o", out_base, "--force-overwrite", *child]
+
+
+def ncu_import_argv(ncu: str, rep: str) -> list[str]:
+    return [ncu, "--import", rep, "--csv", "--page", "raw", "--print-units", "base", "--print-kernel-base", "function"]
+
+
+# ---- running steps ---------------------------------------------------------------------------------------
+
+class Capture:
+    def __init__(self, args, run: runs.RunDir, environ: dict):
+        self.args, self.run, self.environ = args, run, environ
+        self.t0 = time.monotonic()
+        self.node_from_child = False
+
+    def progress(self, msg: str) -> None:
+        print(f"[capture {time.monotonic() - self.t0:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    def step(self, name: str, argv: list[str], log: str, capture_stdout=False) -> tuple[int, str]:
+        """Run one command; its output is appended to ``log``.stdout/.stderr in the run (stdout kept in memory
+        with ``capture_stdout``). Recorded in the manifest's steps whatever its exit code."""
+        d = self.run.path
+        self.progress(f"{name}: {' '.join(argv[:2])} ...")
+        t = time.monotonic()
+        with open(d / f"{log}.stdout", "a") as out, open(d / f"{log}.stderr", "a") as err:
+            for f in (out, err):
+                f.write(f"== {name}: {' '.join(argv)}\n")
+                f.flush()
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out, stderr=err,
+                                    env=self.environ, text=True)
+            text = ""
+            if capture_stdout:
+                text, _ = proc.communicate()
+            else:
+                while True:
+                    try:
+                        proc.wait(timeout=HEARTBEAT_S)
+                        break
+                    except subprocess.TimeoutExpired:
+                        self.progress(f"{name}: still running")
+        seconds = round(time.monotonic() - t, 3)
+        self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
+                                           "seconds": seconds})
+        self.progress(f"{name}: exit {proc.returncode} in {seconds:.1f} s")
+        return proc.returncode, text
+
+    def last_error(self, log: str) -> str:
+        lines = [ln.strip() for ln in (self.run.path / f"{log}.stderr").read_text().splitlines() if ln.strip()]
+        child = [ln for ln in lines if ln.startswith("pipelines.capture_child:")]
+        tail = [ln for ln in lines if not ln.startswith("==")]
+        return (child or tail or ["no error output"])[-1]
+
+    def check(self, name: str, rc: int, log: str) -> None:
+        if rc != 0:
+            why = self.last_error(log)
+            code = EXIT_BLOCKED if "capture_child: blocked" in why else EXIT_CHECK_FAILED
+            raise CliError(f"{name} exited {rc}: {why} (see {log}.stderr)", code)
+
+    def read_record(self, path: pathlib.Path, step_name: str) -> dict:
+        import json
+
+        if not path.exists():
+            raise CliError(f"{step_name}: the child wrote no record (see child.stderr)", EXIT_CHECK_FAILED)
+        rec = json.loads(path.read_text())
+        path.unlink()
+        self.run.manifest["steps"][-1]["dispatch"] = rec["dispatch"]
+        if not self.node_from_child:  # the first (traced) child's node record, taken in its environment
+            self.run.manifest["node"], self.node_from_child = rec["node"], True
+        return rec
+
+    def nsys(self, nsys: tools.Tool) -> None:
+        d = self.run.path
+        record = d / "child-nsys.json"
+        rc, _ = self.step("nsys profile", nsys_profile_argv(nsys.path, str(d / "trace"),
+                                                            child_argv(self.args, self.args.workload, str(record))),
+                          "child")
+        self.check("nsys profile", rc, "child")
+        if not (d / "trace.nsys-rep").exists():
+            if (d / "trace.qdstrm").exists():
+                raise CliError(tools.diagnose_qdstrm(nsys.path, str(d / "trace.qdstrm")), EXIT_BLOCKED)
+            raise CliError("nsys profile exited 0 but wrote no trace.nsys-rep (see child.stdout)", EXIT_CHECK_FAILED)
+        self.run.manifest["dispatch"] = self.read_record(record, "nsys profile")["dispatch"]
+        rc, _ = self.step("nsys export", nsys_export_argv(nsys.path, str(d / "trace.nsys-rep"),
+                                                          str(d / "trace.sqlite")), "tools")
+        self.check("nsys export", rc, "tools")
+        if not (d / "trace.sqlite").exists():
+            raise CliError("nsys export exited 0 but wrote no trace.sqlite (see tools.stderr)", EXIT_CHECK_FAILED)
+
+    def ncu(self, ncu: tools.Tool) -> None:
+        d, rows, merged = self.run.path, [], {}
+        for w in self.args.workload:
+            record = d / f"child-ncu-{w}.json"
+            rc, _ = self.step(f"ncu profile {w}", ncu_profile_argv(ncu.path, w, str(d / f"ncu-{w}"),
+                                                                   child_argv(self.args, [w], str(record))), "child")
+            self.check(f"ncu profile {w}", rc, "child")
+            for rec in self.read_record(record, f"ncu profile {w}")["dispatch"]:
+                key = tuple(rec[k] for k in _KEYS)
+                merged[key] = merged.get(key, 0) + rec["count"]
+            if not (d / f"ncu-{w}.ncu-rep").exists():
+                raise CliError(f"ncu profiled no kernel inside rlkernel@{w}/ (see child.stderr)", EXIT_CHECK_FAILED)
+            rc, text = self.step(f"ncu import {w}", ncu_import_argv(ncu.path, str(d / f"ncu-{w}.ncu-rep")), "tools",
+                                 capture_stdout=True)
+            self.check(f"ncu import {w}", rc, "tools")
+            try:
+                long, notes = ncu_csv.to_long(text, w, self.args.repeat)
+            except ncu_csv.NcuCsvError as e:
+                raise CliError(f"ncu import {w}: {e}", EXIT_CHECK_FAILED) from None
+            self.run.manifest["steps"][-1]["notes"] = notes
+            for n in notes:
+                self.progress(f"note: {n}")
+            rows += long
+            if not self.args.keep_ncu_rep:
+                (d / f"ncu-{w}.ncu-rep").unlink()
+        ncu_csv.write_long(d / "ncu.csv", rows)
+        if not self.run.manifest["dispatch"]:  # no nsys pass: the ncu children's histories are the record
+            self.run.manifest["dispatch"] = [dict(zip(_KEYS, k, strict=True), count=n)
+                                             for k, n in merged.items()]
+
+
+# ---- preconditions and main ------------------------------------------------------------------------------
+
+def preflight(args, environ) -> dict:
+    """Everything this machine must have, checked before any run directory exists; returns the tools."""
+    found = {}
+    if args.tool in ("nsys", "all"):
+        found["nsys"] = tools.find("nsys", args.nsys, environ)
+    if args.tool in ("ncu", "all"):
+        found["ncu"] = tools.find("ncu", args.ncu, environ)
+    if importlib.util.find_spec("nvtx") is None:
+        raise CliError("the nvtx Python package is missing (pip install nvtx; on the GPU node "
+                       "`source .node-kit/env.sh`): without it the trace has no workload ranges", EXIT_BLOCKED)
+    if args.require_fused and importlib.util.find_spec("pipelines.analyze") is None:
+        raise CliError("--require-fused needs pipelines.analyze, which is not in this tree yet; "
+                       "capture without --require-fused", EXIT_BLOCKED)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise CliError(f"no CUDA device visible (torch {torch.__version__}, {build}); run on a GPU node "
+                           "(there: `source .node-kit/env.sh`), or --device cpu to test the pipeline", EXIT_BLOCKED)
+    return found
+
+
+def require_fused(final: pathlib.Path, manifest: dict) -> int:
+    """The analyzer's verdict on the finished run (its exit code), recorded as a step of the run's manifest."""
+    from pipelines import analyze
+
+    argv = [str(final), "--require-fused"]
+    t = time.monotonic()
+    try:
+        rc = int(analyze.main(argv) or 0)
+    except SystemExit as e:  # its argparse refused the arguments
+        rc = e.code if isinstance(e.code, int) else EXIT_CHECK_FAILED
+    manifest["steps"].append({"name": "analyze --require-fused", "command": ["python", "-m", "pipelines.analyze",
+                              *argv], "exit_code": rc, "seconds": round(time.monotonic() - t, 3)})
+    runs.write_json_atomic(final / "manifest.json", manifest)
+    return rc
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+        validate(args)
+        environ = dict(os.environ, PYTHONUNBUFFERED="1",
+                       PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+        found = preflight(args, environ)
+    except CliError as e:
+        return fail(PROG, str(e), e.code)
+    for t in found.values():
+        print(f"{PROG}: {t.name} {t.version} at {t.path} ({t.source})", file=sys.stderr)
+    return capture(args, argv, found, environ)
+
+
+def capture(args, argv, found, environ) -> int:
+    import torch
+
+    from rlkernel import env, workloads
+
+    run = runs.RunDir(args.output_dir, args.workload)
+    shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
+    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=runs.allowed_env(environ),
+                        tools={n: t.record() for n, t in found.items()},
+                        workloads=[workloads.get(n).manifest_entry(shape, getattr(torch, args.dtype), args.warmup,
+                                                                   args.repeat) for n in args.workload])
+    cap = Capture(args, run, environ)
+    try:
+        if "nsys" in found:
+            cap.nsys(found["nsys"])
+        if "ncu" in found:
+            cap.ncu(found["ncu"])
+    except CliError as e:
+        final = run.fail(str(e))
+        print(str(final))
+        return fail(PROG, f"{e} [run kept as {final}]", e.code)
+    except KeyboardInterrupt:
+        final = run.fail("interrupted")
+        return fail(PROG, f"interrupted [run kept as {final}]", 130)  # the shell's code for SIGINT
+    except Exception as e:  # anything unforeseen still leaves a -failed run, never a half one
+        final = run.fail(f"{type(e).__name__}: {e}")
+        raise
+    final = run.complete()
+    cap.progress(f"complete: {final}")
+    print(str(final))
+    if args.require_fused:
+        rc = require_fused(final, run.manifest)
+        if rc != 0:
+            return fail(PROG, f"--require-fused: the analyzer's verdict exited {rc} (run kept at {final})", rc)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

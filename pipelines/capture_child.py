@@ -1,0 +1,99 @@
+"""The program ``pipelines.capture`` runs under nsys/ncu: ``python -m pipelines.capture_child ... --record FILE``.
+
+For each workload: inputs, then ``--warmup`` runs outside any NVTX range (compilation, allocator growth and
+first-launch costs stay out of the measured ranges), then ``--repeat`` repetitions, each inside the
+workload's range (``Workload.repetition``). It writes the process's dispatch history and node record to
+FILE, which the parent copies into the manifest: the records of the process that was traced.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, fail
+
+PROG = "pipelines.capture_child"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", action="append", required=True)
+    ap.add_argument("--batch-size", type=int, required=True)
+    ap.add_argument("--seq-len", type=int, required=True)
+    ap.add_argument("--vocab-size", type=int, required=True)
+    ap.add_argument("--top-k", type=int, required=True)
+    ap.add_argument("--top-p", type=float, required=True)
+    ap.add_argument("--temperature", type=float, required=True)
+    ap.add_argument("--dtype", choices=DTYPES, required=True)
+    ap.add_argument("--warmup", type=int, required=True)
+    ap.add_argument("--repeat", type=int, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    ap.add_argument("--record", required=True, help="JSON file for the dispatch history and node record")
+    return ap
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(args) -> dict:
+    import torch
+
+    from rlkernel import dispatch, env, nvtx_ranges, workloads
+
+    if nvtx_ranges._nvtx is None:
+        raise RuntimeError("blocked: the nvtx Python package is missing, the trace would have no workload ranges")
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
+    dispatch.reset()
+    timings = []
+    for name in args.workload:
+        w = workloads.get(name)
+        inputs = w.make_inputs(shape, dtype, device, args.seed)
+        t0 = time.perf_counter()
+        for _ in range(args.warmup):
+            w.run(inputs)
+        _sync(device)
+        t1 = time.perf_counter()
+        for _ in range(args.repeat):
+            w.repetition(inputs)
+        _sync(device)
+        t2 = time.perf_counter()
+        timings.append({"workload": name, "warmup_seconds": round(t1 - t0, 6), "repeat_seconds": round(t2 - t1, 6)})
+        print(f"{PROG}: {name}: {args.warmup} warm-up + {args.repeat} repetitions in {t2 - t0:.2f} s", flush=True)
+        del inputs
+    return {"dispatch": dispatch.history_json(), "node": env.describe(), "timings": timings}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from rlkernel import FusedKernelUnavailable
+
+    try:
+        record = run(args)
+    except KeyError as e:  # unknown workload
+        return fail(PROG, str(e.args[0]), EXIT_USAGE)
+    except FusedKernelUnavailable as e:  # RLKERNEL_REQUIRE_FUSED=1 in the environment and no fused path
+        return fail(PROG, f"blocked: {e}", EXIT_BLOCKED)
+    except RuntimeError as e:
+        if str(e).startswith("blocked:"):
+            return fail(PROG, str(e), EXIT_BLOCKED)
+        raise
+    tmp = f"{args.record}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, args.record)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The run directory of ``pipelines.capture`` (docs/contracts.md, section 6).
+
+A run is built under a hidden temporary name in the output folder (same filesystem, so the final rename is
+atomic) and renamed only when complete; a failed run is renamed ``<name>-failed`` with its error in the
+manifest. A folder named like a run is therefore always a whole one.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pathlib
+
+SCHEMA = 1
+MANIFEST_KEYS = ("schema", "created_at", "status", "error", "command", "workloads", "node", "tools", "steps",
+                 "dispatch", "env")
+# The traced process's environment may hold secrets (tokens, keys): only these reach the manifest.
+ENV_ALLOWED = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST", "CUDA_LAUNCH_BLOCKING")
+ENV_ALLOWED_PREFIXES = ("RLKERNEL_",)
+
+
+def allowed_env(environ) -> dict:
+    return {k: v for k, v in sorted(environ.items())
+            if k in ENV_ALLOWED or any(k.startswith(p) for p in ENV_ALLOWED_PREFIXES)}
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def run_name(workloads: list[str], when: datetime.datetime) -> str:
+    """``<YYYYmmddTHHMMSSZ>-<first workload>[+<n more>]``."""
+    more = f"+{len(workloads) - 1}" if len(workloads) > 1 else ""
+    return f"{when.strftime('%Y%m%dT%H%M%SZ')}-{workloads[0]}{more}"
+
+
+def write_json_atomic(path: pathlib.Path, data) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """One capture's folder: ``path`` is where to write while it is being built."""
+
+    def __init__(self, output_dir, workloads: list[str], when: datetime.datetime | None = None):
+        self.when = when or utc_now()
+        self.output_dir = pathlib.Path(output_dir)
+        self.name = run_name(workloads, self.when)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.output_dir / f".{self.name}.tmp-{os.getpid()}"
+        self.path.mkdir()
+        self.final: pathlib.Path | None = None
+        self.manifest: dict = {"schema": SCHEMA, "created_at": self.when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                               "status": "failed", "error": "capture did not finish", "command": [],
+                               "workloads": [], "node": {}, "tools": {}, "steps": [], "dispatch": [], "env": {}}
+
+    def write_manifest(self) -> None:
+        missing = [k for k in MANIFEST_KEYS if k not in self.manifest]
+        if missing:
+            raise ValueError(f"manifest lacks {missing}")
+        write_json_atomic((self.final or self.path) / "manifest.json", self.manifest)
+
+    def _rename(self, name: str) -> pathlib.Path:
+        # Two runs of the same workloads in the same second would collide: the later one gets a suffix.
+        target, n = self.output_dir / name, 1
+        while target.exists():
+            n += 1
+            target = self.output_dir / f"{name}.{n}"
+        os.rename(self.path, target)
+        self.final = target
+        return target
+
+    def complete(self) -> pathlib.Path:
+        self.manifest.update(status="complete", error=None)
+        self.write_manifest()
+        return self._rename(self.name)
+
+    def fail(self, error: str) -> pathlib.Path:
+        self.manifest.update(status="failed", error=error)
+        self.write_manifest()
+        return self._rename(f"{self.name}-failed")

@@ -1,0 +1,250 @@
+"""python -m pipelines.capture end to end on the CPU.
+
+nsys and ncu cannot run here, so fakes stand in for them on a temporary PATH (the one edge a CPU test cannot
+reach): they run the real child program, which runs the real workloads (on the CPU) and writes its real
+dispatch history; the fake ncu prints ncu's real raw CSV from an H200 capture (tests/data/capture).
+"""
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipelines import capture, capture_child, ncu_csv
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+
+DATA = pathlib.Path(__file__).parent / "data" / "capture"
+RUN = DATA / "20261202T095005Z-logp-native+1"  # a real capture on the H200 (stripped), --tool all
+SMALL = ["--batch-size", "2", "--seq-len", "4", "--vocab-size", "64", "--warmup", "1", "--repeat", "3",
+         "--device", "cpu"]
+
+FAKE_NSYS = f"""#!{sys.executable}
+import os, sqlite3, subprocess, sys
+a = sys.argv[1:]
+if a == ["--version"]:
+    print("NVIDIA Nsight Systems version 2099.1.1.1-fake")
+    sys.exit(0)
+if a[0] == "profile":
+    base = a[a.index("-o") + 1]
+    if os.environ.get("FAKE_NSYS_FAIL"):
+        print("fake nsys: injected failure", file=sys.stderr)
+        sys.exit(1)
+    if os.environ.get("FAKE_NSYS_QDSTRM"):  # what nsys does when its importer cannot start
+        open(base + ".qdstrm", "w").write("raw")
+        sys.exit(0)
+    rc = subprocess.call(a[a.index("--force-overwrite") + 2:])
+    open(base + ".nsys-rep", "w").write("rep")
+    sys.exit(rc)
+if a[0] == "export":
+    con = sqlite3.connect(a[a.index("--output") + 1])
+    con.execute("CREATE TABLE fake(x)")
+    con.commit()
+    sys.exit(0)
+sys.exit(9)
+"""
+
+FAKE_NCU = f"""#!{sys.executable}
+import subprocess, sys
+a = sys.argv[1:]
+if a == ["--version"]:
+    print("NVIDIA (R) Nsight Compute Command Line Profiler\\nVersion 2099.1.0.0 (build 1) (public-release)")
+    sys.exit(0)
+if a[0] == "--import":
+    workload = open(a[1]).read()
+    raw = open({str(DATA / "ncu_raw_logp-native.csv")!r}).read()
+    print(raw.replace('"rlkernel:logp-native:', '"rlkernel:' + workload + ':'), end="")
+    sys.exit(0)
+include = a[a.index("--nvtx-include") + 1]
+base = a[a.index("-o") + 1]
+rc = subprocess.call(a[a.index("--force-overwrite") + 1:])
+open(base + ".ncu-rep", "w").write(include.split("@")[1].rstrip("/"))
+sys.exit(rc)
+"""
+
+
+@pytest.fixture
+def fakes(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name, text in (("nsys", FAKE_NSYS), ("ncu", FAKE_NCU)):
+        p = bindir / name
+        p.write_text(text)
+        p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    for var in ("NSYS", "NCU", "FAKE_NSYS_FAIL", "FAKE_NSYS_QDSTRM"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def run_capture(out_dir, *extra):
+    return capture.main(["--workload", "logp-native", "--workload", "logp-fused", *SMALL, "--output-dir",
+                         str(out_dir), *extra])
+
+
+def only_run(out_dir) -> pathlib.Path:
+    entries = list(out_dir.iterdir())
+    assert len(entries) == 1, entries  # one run, no temporary folder left behind
+    return entries[0]
+
+
+# ---- command lines ---------------------------------------------------------------------------------------
+
+@pytest.mark.smoke
+def test_command_lines():
+    args = capture.build_parser().parse_args(["--workload", "logp-fused", *SMALL, "--top-p", "0.5"])
+    child = capture.child_argv(args, ["logp-fused"], "rec.json")
+    assert child[:3] == [sys.executable, "-m", "pipelines.capture_child"]
+    back = capture_child.build_parser().parse_args(child[3:])
+    assert (back.workload, back.batch_size, back.seq_len, back.vocab_size, back.top_p, back.repeat, back.warmup,
+            back.device, back.record) == (["logp-fused"], 2, 4, 64, 0.5, 3, 1, "cpu", "rec.json")
+    nsys = capture.nsys_profile_argv("/x/nsys", "run/trace", child)
+    assert nsys[:8] == ["/x/nsys", "profile", "--trace=cuda,nvtx", "--sample=none", "--cpuctxsw=none",
+                        "--cuda-graph-trace=node", "-o", "run/trace"] and nsys[-len(child):] == child
+    assert capture.nsys_export_argv("/x/nsys", "r.nsys-rep", "r.sqlite") == [
+        "/x/nsys", "export", "--type", "sqlite", "--force-overwrite", "true", "--output", "r.sqlite", "r.nsys-rep"]
+    ncu = capture.ncu_profile_argv("/x/ncu", "logp-fused", "run/ncu-logp-fused", child)
+    assert ncu[:6] == ["/x/ncu", "--nvtx", "--nvtx-include", "rlkernel@logp-fused/", "--clock-control", "none"]
+    assert ncu[ncu.index("--metrics") + 1].split(",") == list(ncu_csv.METRICS)
+    imp = capture.ncu_import_argv("/x/ncu", "a.ncu-rep")
+    assert imp[imp.index("--page") + 1] == "raw" and imp[imp.index("--print-units") + 1] == "base"
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("argv, words", [
+    (["--workload", "nope"], "unknown workload"),
+    ([], "--workload"),
+    (["--workload", "logp-fused", "--repeat", "0"], "--repeat"),
+    (["--workload", "logp-fused", "--top-p", "1.5"], "--top-p"),
+    (["--workload", "logp-fused", "--temperature", "0"], "--temperature"),
+    (["--workload", "logp-fused", "--tool", "perf"], "--tool"),
+    (["--workload", "logp-fused", "--workload", "logp-fused"], "twice"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, words, capsys):
+    assert capture.main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and words in err
+
+
+@pytest.mark.smoke
+def test_cli_process_exit_codes_and_help():
+    bad = subprocess.run([sys.executable, "-m", "pipelines.capture", "--workload", "nope"], capture_output=True,
+                         text=True)
+    assert bad.returncode == EXIT_USAGE and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
+    out = subprocess.run([sys.executable, "-m", "pipelines.capture", "--help"], capture_output=True, text=True)
+    assert out.returncode == EXIT_OK and "--require-fused" in out.stdout and "exit codes" in out.stdout
+
+
+@pytest.mark.smoke
+def test_no_nsys_exits_3_and_says_how_to_get_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setattr("pipelines.tools.OPT_ROOT", str(tmp_path / "opt"))
+    assert run_capture(tmp_path / "runs") == EXIT_BLOCKED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "nsys not found" in err and "source .node-kit/env.sh" in err
+    assert not (tmp_path / "runs").exists()  # nothing started
+
+
+@pytest.mark.smoke
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_no_cuda_exits_3(fakes, capsys):
+    rc = capture.main(["--workload", "logp-fused", "--output-dir", str(fakes / "runs")])
+    err = capsys.readouterr().err
+    assert rc == EXIT_BLOCKED and "no CUDA device" in err and not (fakes / "runs").exists()
+
+
+# ---- whole captures --------------------------------------------------------------------------------------
+
+def test_capture_all_tools(fakes, monkeypatch, capsys):
+    monkeypatch.setenv("RLKERNEL_CAPTURE_TEST_MARK", "kept")
+    monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
+    assert run_capture(fakes / "runs", "--tool", "all") == EXIT_OK
+    out, err = capsys.readouterr()
+    run = only_run(fakes / "runs")
+    assert out.strip().splitlines()[-1] == str(run) and run.name.endswith("-logp-native+1")
+    assert "[capture" in err and "nsys profile: exit 0" in err
+    assert sorted(p.name for p in run.iterdir()) == ["child.stderr", "child.stdout", "manifest.json", "ncu.csv",
+                                                     "tools.stderr", "tools.stdout", "trace.nsys-rep",
+                                                     "trace.sqlite"]
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["schema"], m["status"], m["error"]) == (1, "complete", None)
+    assert m["command"][1:5] == ["-m", "pipelines.capture", "--workload", "logp-native"]
+    assert [w["name"] for w in m["workloads"]] == ["logp-native", "logp-fused"]
+    assert m["workloads"][1]["fused_ops"] == ["logp.forward"] and m["workloads"][1]["repeat"] == 3
+    assert m["tools"]["nsys"]["version"] == "2099.1.1.1-fake" and m["tools"]["ncu"]["version"] == "2099.1.0.0"
+    assert [s["name"] for s in m["steps"]] == ["nsys profile", "nsys export", "ncu profile logp-native",
+                                               "ncu import logp-native", "ncu profile logp-fused",
+                                               "ncu import logp-fused"]
+    assert all(s["exit_code"] == 0 and s["seconds"] >= 0 and s["command"] for s in m["steps"])
+    # the traced child's own dispatch history: warm-up + repetitions, fused asked for and fallen back on a CPU
+    disp = {(d["requested"], d["status"], d["reason"]): d["count"] for d in m["dispatch"]}
+    assert disp == {("native", "native", ""): 4, ("auto", "fallback", "tensor on cpu"): 4}
+    assert m["steps"][2]["dispatch"] == [{"op": "logp.forward", "requested": "native", "backend": "native",
+                                          "status": "native", "reason": "", "count": 4}]
+    assert m["env"].get("RLKERNEL_CAPTURE_TEST_MARK") == "kept" and "SECRET_TOKEN" not in json.dumps(m)
+    assert m["node"]["devices"][0]["backend"] == "cpu"
+    assert "pipelines.capture_child: logp-fused: 1 warm-up + 3 repetitions" in (run / "child.stdout").read_text()
+    rows = list(csvrows(run / "ncu.csv"))
+    assert rows[0] == list(ncu_csv.LONG_COLUMNS)
+    assert {r[0] for r in rows[1:]} == {"logp-native", "logp-fused"} and len(rows) == 1 + 2 * 90 * 7
+
+
+def csvrows(path):
+    import csv
+
+    with open(path) as f:
+        yield from csv.reader(f)
+
+
+def test_failed_profiler_leaves_a_failed_run(fakes, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NSYS_FAIL", "1")
+    assert run_capture(fakes / "runs") == EXIT_CHECK_FAILED
+    run = only_run(fakes / "runs")
+    assert run.name.endswith("-failed")
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "failed" and "nsys profile exited 1: fake nsys: injected failure" in m["error"]
+    assert m["steps"][0]["exit_code"] == 1
+    err = capsys.readouterr().err
+    assert "run kept as" in err and "Traceback" not in err
+
+
+def test_qdstrm_only_is_diagnosed(fakes, monkeypatch, capsys):
+    monkeypatch.setenv("FAKE_NSYS_QDSTRM", "1")
+    assert run_capture(fakes / "runs") == EXIT_BLOCKED
+    m = json.loads((only_run(fakes / "runs") / "manifest.json").read_text())
+    assert "nsys left only trace.qdstrm" in m["error"] and "libdw.so.1" in m["error"]
+    assert "only trace.qdstrm" in capsys.readouterr().err
+
+
+def test_strict_fused_child_is_blocked(fakes, monkeypatch):
+    monkeypatch.setenv("RLKERNEL_REQUIRE_FUSED", "1")  # the child refuses to fall back: no fused path on a CPU
+    assert run_capture(fakes / "runs") == EXIT_BLOCKED
+    m = json.loads((only_run(fakes / "runs") / "manifest.json").read_text())
+    assert m["status"] == "failed" and "blocked" in m["error"] and "tensor on cpu" in m["error"]
+
+
+def test_require_fused_without_the_analyzer_refuses_before_capturing(fakes, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "pipelines.analyze" else real(n, *a))
+    assert run_capture(fakes / "runs", "--require-fused") == EXIT_BLOCKED
+    assert "pipelines.analyze" in capsys.readouterr().err and not (fakes / "runs").exists()
+
+
+def test_require_fused_verdict_on_a_real_h200_run(tmp_path):
+    # logp-fused fell back (extension not built then): the analyzer's verdict must fail the check
+    pytest.importorskip("duckdb")
+    run = tmp_path / RUN.name
+    shutil.copytree(RUN, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert capture.require_fused(run, manifest) == EXIT_CHECK_FAILED
+    step = json.loads((run / "manifest.json").read_text())["steps"][-1]
+    assert (step["name"], step["exit_code"]) == ("analyze --require-fused", EXIT_CHECK_FAILED)
