@@ -119,3 +119,14 @@ def test_bad_input_errors():
     ids[0, 0] = -3
     with pytest.raises(IndexError, match=r"\(0, 0\)"):
         rlkernel.logp(logits, ids)
+
+
+def test_ignored_all_minus_inf_row_gets_no_gradient():
+    logits = _logits((3, 9), torch.float32, 8)
+    logits[1] = float("-inf")
+    logits.requires_grad_(True)
+    ids = torch.tensor([2, -100, 4])
+    lp, ent = rlkernel.logp(logits, ids, return_entropy=True, backend="native")
+    (lp.sum() + ent.sum()).backward()
+    assert lp[1] == 0 and ent[1] == 0
+    assert torch.all(logits.grad[1] == 0) and torch.isfinite(logits.grad).all()

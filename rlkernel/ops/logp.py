@@ -24,7 +24,8 @@ def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 
         from rlkernel.ops.logp_fused import logp_fused
 
         out, ent = logp_fused(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
-                              return_entropy=bool(return_entropy), inplace_backward=bool(inplace_backward))
+                              return_entropy=bool(return_entropy), inplace_backward=bool(inplace_backward),
+                              requested=backend)
     else:
         out, ent = logp_native(logits, token_ids, temperature=temperature, ignore_index=ignore_index,
                                return_entropy=return_entropy, requested=backend, fallback_reason=rec.reason)

@@ -68,7 +68,8 @@ class _NativeLogp(torch.autograd.Function):
                 # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
                 term = torch.where(p > 0, p * (logp_all + ent), torch.zeros_like(p))
                 grad = grad - grad_ent.to(x.dtype).unsqueeze(-1) * term
-            grad = (grad * mask / t).to(logits.dtype)
+            # where, not a product: an ignored all -inf row has NaN terms and still gets no gradient
+            grad = torch.where(mask > 0, grad / t, torch.zeros_like(grad)).to(logits.dtype)
         return grad, None, None, None, None, None, None, None, None
 
 

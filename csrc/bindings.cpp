@@ -1,0 +1,143 @@
+// Registration of the rlkernel custom ops: schemas, thin tensor checks, calls into the launchers.
+// Only torch/library.h-level headers (the CI compile gate builds this file with the CPU torch wheel).
+// Fake kernels and autograd live in Python (rlkernel/ops/logp_fused.py); input validation in rlkernel/validate.py.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "rlkernel/logp_api.h"
+
+namespace {
+
+using at::Tensor;
+
+rlkernel::ElemType elem_type(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return rlkernel::ElemType::kFloat32;
+    case at::kHalf: return rlkernel::ElemType::kFloat16;
+    case at::kBFloat16: return rlkernel::ElemType::kBFloat16;
+    default: TORCH_CHECK(false, "rlkernel: logits dtype ", t.scalar_type(), " unsupported (float16/bfloat16/float32)");
+  }
+}
+
+void check_rows(const Tensor& logits, const Tensor& ids) {
+  TORCH_CHECK(logits.is_cuda(), "rlkernel: logits must be a CUDA tensor");
+  TORCH_CHECK(logits.dim() == 2 && (logits.size(1) <= 1 || logits.stride(1) == 1), "rlkernel: logits must be [N, V] with a contiguous last dim");
+  TORCH_CHECK(logits.size(1) < (int64_t{1} << 31), "rlkernel: vocab size must be < 2^31");
+  TORCH_CHECK(ids.device() == logits.device(), "rlkernel: token_ids must be on the logits' device");
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == logits.size(0),
+              "rlkernel: token_ids must be contiguous int64 [N]");
+}
+
+const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tensor& like, int64_t* stride) {
+  *stride = 0;
+  if (!g.has_value()) return nullptr;
+  TORCH_CHECK(g->scalar_type() == at::kFloat && g->dim() == 1 && g->size(0) == n && g->device() == like.device(),
+              "rlkernel: row gradients must be float32 [N] on the logits' device");
+  *stride = g->stride(0);
+  return g->data_ptr<float>();
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
+                                                        int64_t ignore_index, bool compute_entropy,
+                                                        bool /*inplace_backward*/, c10::string_view /*requested*/) {
+  check_rows(logits, ids);
+  TORCH_CHECK(temperature > 0.0, "rlkernel: temperature must be > 0");
+  c10::DeviceGuard guard(logits.device());
+  const int64_t n = logits.size(0);
+  auto f32 = logits.options().dtype(at::kFloat);
+  Tensor logp = at::empty({n}, f32);
+  Tensor entropy = at::empty({compute_entropy ? n : 0}, f32);
+  Tensor stats = at::empty({n, 2}, f32);
+  Tensor bad_pos = at::empty({1}, logits.options().dtype(at::kLong));
+  rlkernel::LogpForwardArgs a{};
+  a.logits = logits.data_ptr();
+  a.row_stride = logits.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.vocab = logits.size(1);
+  a.dtype = elem_type(logits);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.logp = logp.data_ptr<float>();
+  a.entropy = compute_entropy ? entropy.data_ptr<float>() : nullptr;
+  a.stats = stats.data_ptr<float>();
+  a.bad_pos = bad_pos.data_ptr<int64_t>();
+  a.stream = rlkernel::current_cuda_stream(logits.device().index());
+  const char* err = rlkernel::logp_forward(a);
+  TORCH_CHECK(err == nullptr, "rlkernel logp_forward: ", err);
+  return {logp, entropy, stats, bad_pos};
+}
+
+void logp_backward_into(const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,
+                        const Tensor& logits, const Tensor& ids, const Tensor& stats, const Tensor& entropy,
+                        double temperature, int64_t ignore_index, const Tensor& grad) {
+  check_rows(logits, ids);
+  const int64_t n = logits.size(0);
+  TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.is_contiguous() && stats.numel() == 2 * n,
+              "rlkernel: stats must be the forward's float32 [N, 2]");
+  c10::DeviceGuard guard(logits.device());
+  rlkernel::LogpBackwardArgs a{};
+  a.logits = logits.data_ptr();
+  a.row_stride = logits.stride(0);
+  a.grad = grad.data_ptr();
+  a.grad_row_stride = grad.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.vocab = logits.size(1);
+  a.dtype = elem_type(logits);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.grad_logp = optional_rows(grad_logp, n, logits, &a.grad_logp_stride);
+  a.grad_entropy = optional_rows(grad_entropy, n, logits, &a.grad_entropy_stride);
+  if (a.grad_entropy != nullptr) {
+    TORCH_CHECK(entropy.scalar_type() == at::kFloat && entropy.is_contiguous() && entropy.numel() == n,
+                "rlkernel: an entropy gradient needs the forward's float32 entropy [N]");
+    a.entropy = entropy.data_ptr<float>();
+  }
+  a.stats = stats.data_ptr<float>();
+  a.stream = rlkernel::current_cuda_stream(logits.device().index());
+  const char* err = rlkernel::logp_backward(a);
+  TORCH_CHECK(err == nullptr, "rlkernel logp_backward: ", err);
+}
+
+Tensor logp_backward(const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,
+                     const Tensor& logits, const Tensor& ids, const Tensor& stats, const Tensor& entropy,
+                     double temperature, int64_t ignore_index) {
+  TORCH_CHECK(logits.dim() == 2, "rlkernel: logits must be [N, V]");
+  Tensor grad = at::empty({logits.size(0), logits.size(1)}, logits.options());
+  logp_backward_into(grad_logp, grad_entropy, logits, ids, stats, entropy, temperature, ignore_index, grad);
+  return grad;
+}
+
+void logp_backward_inplace(const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,
+                           Tensor& logits, const Tensor& ids, const Tensor& stats, const Tensor& entropy,
+                           double temperature, int64_t ignore_index) {
+  logp_backward_into(grad_logp, grad_entropy, logits, ids, stats, entropy, temperature, ignore_index, logits);
+}
+
+}  // namespace
+
+// `inplace_backward` and `requested` are autograd metadata: the kernel ignores them, the autograd formula registered
+// in Python reads them (in-place gradient; the backward's dispatch record carries the forward's request).
+TORCH_LIBRARY(rlkernel, m) {
+  m.def(
+      "logp_forward(Tensor logits, Tensor token_ids, float temperature, int ignore_index, bool compute_entropy, "
+      "bool inplace_backward=False, str requested=\"fused\") -> (Tensor logp, Tensor entropy, Tensor stats, "
+      "Tensor bad_pos)");
+  m.def(
+      "logp_backward(Tensor? grad_logp, Tensor? grad_entropy, Tensor logits, Tensor token_ids, Tensor stats, "
+      "Tensor entropy, float temperature, int ignore_index) -> Tensor");
+  m.def(
+      "logp_backward_inplace(Tensor? grad_logp, Tensor? grad_entropy, Tensor(a!) logits, Tensor token_ids, "
+      "Tensor stats, Tensor entropy, float temperature, int ignore_index) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
+  m.impl("logp_forward", &logp_forward);
+  m.impl("logp_backward", &logp_backward);
+  m.impl("logp_backward_inplace", &logp_backward_inplace);
+}

@@ -1,0 +1,60 @@
+// Host interface of the log-prob launchers (csrc/logp.cu). Plain C++: no CUDA or torch header, so that
+// csrc/bindings.cpp compiles with the CPU torch wheel alone. Streams travel as void* (a cudaStream_t).
+#pragma once
+
+#include <cstdint>
+
+namespace rlkernel {
+
+enum class ElemType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// The value bad_pos holds when no id was out of range (the bytes of a 0x7F memset).
+constexpr int64_t kNoBadPosition = 0x7F7F7F7F7F7F7F7FLL;
+
+struct LogpForwardArgs {
+  const void* logits;       // [n_rows, vocab], last dim contiguous, any row stride (elements) and alignment
+  int64_t row_stride;
+  const int64_t* ids;       // [n_rows], contiguous
+  int64_t n_rows;
+  int64_t vocab;
+  ElemType dtype;
+  double temperature;       // > 0
+  int64_t ignore_index;
+  float* logp;              // [n_rows]
+  float* entropy;           // [n_rows], or nullptr for no entropy
+  float* stats;             // [n_rows, 2]: (r, log2 s) in base-2 units of x / T
+  int64_t* bad_pos;         // [1]: the first row with an id outside [0, vocab), else kNoBadPosition
+  void* stream;
+};
+
+struct LogpBackwardArgs {
+  const void* logits;
+  int64_t row_stride;
+  void* grad;               // [n_rows, vocab] of dtype; may be logits itself (in place)
+  int64_t grad_row_stride;
+  const int64_t* ids;
+  int64_t n_rows;
+  int64_t vocab;
+  ElemType dtype;
+  double temperature;
+  int64_t ignore_index;
+  const float* grad_logp;   // [n_rows] with stride, or nullptr
+  int64_t grad_logp_stride;
+  const float* grad_entropy;  // [n_rows] with stride, or nullptr
+  int64_t grad_entropy_stride;
+  const float* entropy;     // forward entropy, needed with grad_entropy
+  const float* stats;       // [n_rows, 2] from the forward
+  void* stream;
+};
+
+// Each returns nullptr on success, else a static message (a CUDA error string).
+const char* logp_forward(const LogpForwardArgs& args);
+const char* logp_backward(const LogpBackwardArgs& args);
+
+// The device's row team for vocab size V: the number of threads that reduce one row (see row_reduce.cuh).
+int logp_row_team(int64_t vocab, ElemType dtype);
+
+// Current CUDA stream of a device, from torch (csrc/cuda_stream.cpp: the one file built with torch's CUDA headers).
+void* current_cuda_stream(int device_index);
+
+}  // namespace rlkernel

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# CI compile gate (tox -e csrc; docs/contracts.md section 8). No GPU needed:
+#   1. every csrc/*.cu (kernels + launchers, no torch include) with nvcc for sm_80 and sm_90a;
+#   2. csrc/bindings.cpp and every other csrc/*.cpp but cuda_stream.cpp (registration only) with the headers of the
+#      installed torch wheel (the CPU one in CI);
+#   3. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers).
+# Exit codes: 0 all compiled, 1 a file failed to compile, 3 a tool is missing (nvcc, g++, torch).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+NVCC=${NVCC:-nvcc}
+CXX=${CXX:-g++}
+PY=${PYTHON:-python}
+command -v "$NVCC" >/dev/null || { echo "compile gate: nvcc not found (install the CUDA toolkit, or set NVCC)" >&2; exit 3; }
+command -v "$CXX" >/dev/null || { echo "compile gate: $CXX not found (install g++, or set CXX)" >&2; exit 3; }
+TORCH_INC=$("$PY" -c "import torch.utils.cpp_extension as c; print(' '.join('-I' + p for p in c.include_paths()))") \
+  || { echo "compile gate: torch not importable by $PY (pip install torch)" >&2; exit 3; }
+TORCH_CUDA=$("$PY" -c "import torch; print(torch.version.cuda or '')")
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail=0
+step() {  # step NAME CMD...: run a compile, report it, remember a failure
+  local name=$1; shift
+  local t0=$SECONDS
+  if "$@" >"$out/log" 2>&1; then
+    echo "compile gate: ok   $name ($((SECONDS - t0)) s)"
+  else
+    echo "compile gate: FAIL $name"; cat "$out/log"; fail=1
+  fi
+}
+
+shopt -s nullglob
+cu_files=(csrc/*.cu)
+[ ${#cu_files[@]} -gt 0 ] || { echo "compile gate: no csrc/*.cu found" >&2; exit 1; }
+for cu in "${cu_files[@]}"; do
+  step "$cu [sm_80, sm_90a]" "$NVCC" -std=c++17 -O3 -Icsrc/include -Xptxas=-warn-spills \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    -c "$cu" -o "$out/$(basename "$cu").o"
+done
+for cpp in csrc/*.cpp; do  # registration files (bindings.cpp and the ops' own): torch/library.h level only
+  [ "$cpp" = csrc/cuda_stream.cpp ] && continue
+  # shellcheck disable=SC2086  # TORCH_INC is a list of -I flags
+  step "$cpp [torch headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -Icsrc/include \
+    -c "$cpp" -o "$out/$(basename "$cpp").o"
+done
+if [ -n "$TORCH_CUDA" ]; then
+  PY_INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+  CUDA_INC=$(dirname "$(dirname "$(command -v "$NVCC")")")/include
+  # shellcheck disable=SC2086
+  step "csrc/cuda_stream.cpp [torch CUDA $TORCH_CUDA headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC \
+    -I"$PY_INC" -I"$CUDA_INC" -Icsrc/include -c csrc/cuda_stream.cpp -o "$out/cuda_stream.o"
+else
+  echo "compile gate: skip csrc/cuda_stream.cpp (torch $("$PY" -c 'import torch; print(torch.__version__)') has no CUDA headers)"
+fi
+[ $fail -eq 0 ] && echo "compile gate: passed" || echo "compile gate: FAILED"
+exit $fail
