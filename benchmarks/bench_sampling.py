@@ -1,0 +1,94 @@
+"""Fused top-k/top-p sampling against the two native PyTorch ways, on device time (not a test).
+
+    python benchmarks/bench_sampling.py [--batches 1,32,64,128,256] [--vocab 128256] [--dtypes float32,bfloat16]
+                                        [--top-k 50] [--top-p 0.9] [--reps 200]
+
+Paths, all drawing from the same law (rlkernel.sample's):
+  fused  rlkernel.sample(backend="fused") (RLKERNEL_VALIDATE=0: no 4-byte read-back sync per call)
+  sort   rlkernel's native path: softmax, a stable sort of the whole vocabulary, cumsum, multinomial
+  topk   torch.topk(k) first, then softmax / top-p / multinomial on the k survivors
+Each call is timed alone with CUDA events while the GPU is kept busy ahead of the host (torch.cuda._sleep), so
+host launch overhead is not counted; the inputs rotate over enough buffers to exceed the L2 cache; the median of
+--reps calls is reported, with the bandwidth of reading the logits once (bytes / median).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+
+import torch
+
+os.environ["RLKERNEL_VALIDATE"] = "0"  # before rlkernel reads it
+
+import rlkernel  # noqa: E402
+from rlkernel.ops.sampling_native import sample_native  # noqa: E402
+
+L2_BYTES = 60 * 2**20  # H200: 60 MB of L2 (torch.cuda.get_device_properties reports it too)
+
+
+def topk_path(logits, temperature, top_k, top_p, generator):
+    vals, idx = torch.topk(logits.float(), top_k, dim=-1)  # sorted, descending
+    p = torch.softmax(vals / temperature, dim=-1)
+    before = torch.cumsum(p, dim=-1) - p
+    p = torch.where(before < top_p, p, torch.zeros_like(p))
+    pick = torch.multinomial(p, 1, generator=generator)
+    return idx.gather(-1, pick).squeeze(-1)
+
+
+def time_path(fn, inputs, reps):
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(3):  # warm-up: allocator, registration
+        fn(inputs[i % len(inputs)])
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9 * 0.05))  # ~50 ms of GPU work queued ahead of the timed calls
+    for i in range(reps):
+        starts[i].record()
+        fn(inputs[i % len(inputs)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3  # microseconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,32,64,128,256")
+    ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--top-p", type=float, default=0.9)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--reps", type=int, default=200)
+    args = ap.parse_args()
+    if args.reps < 100:
+        raise SystemExit("--reps must be >= 100 (a median of at least 100 calls)")
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
+          f"top_p={args.top_p}, T={args.temperature}, median of {args.reps} calls (us)")
+    print("| dtype | B | fused | sort (native) | topk | fused GB/s | x vs topk |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen)
+    paths = {
+        "fused": lambda x: rlkernel.sample(x, backend="fused", **kw),
+        "sort": lambda x: sample_native(x, **kw),
+        "topk": lambda x: topk_path(x, **kw),
+    }
+    for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
+        for b in [int(x) for x in args.batches.split(",")]:
+            nbytes = b * args.vocab * torch.finfo(dtype).bits // 8
+            n_buf = max(2, -(-4 * L2_BYTES // nbytes))  # >= 4x the L2 in total
+            inputs = [torch.randn(b, args.vocab, device="cuda", dtype=dtype) * 3 for _ in range(n_buf)]
+            us = {name: time_path(fn, inputs, args.reps) for name, fn in paths.items()}
+            print(f"| {str(dtype).removeprefix('torch.')} | {b} | {us['fused']:.1f} | {us['sort']:.1f} | "
+                  f"{us['topk']:.1f} | {nbytes / us['fused'] / 1e3:.0f} | {us['topk'] / us['fused']:.1f} |",
+                  flush=True)
+            del inputs
+    print("dispatch:", rlkernel.dispatch.history_json())
+
+
+if __name__ == "__main__":
+    main()

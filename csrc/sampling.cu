@@ -1,0 +1,101 @@
+// Launchers of the fused sampler. No torch include (the CI compile gate builds this with nvcc alone).
+// sample_launch opens the NVTX op range rlkernel:op.sample around everything it puts on the stream: the
+// first-bad-row flag's memset and the rlkernel_* kernels, nothing else.
+#include <cuda_runtime.h>
+#include <nvtx3/nvtx3.hpp>
+
+#include "rlkernel/sampling_api.cuh"
+#include "rlkernel/sampling_kernels.cuh"
+
+namespace rlkernel {
+namespace {
+
+using namespace sampling;
+
+struct NvtxDomain {
+  static constexpr char const* name{"rlkernel"};
+};
+struct SampleMessage {
+  static constexpr char const* message{"op.sample"};
+};
+
+int64_t splits_for(int64_t vocab) { return (vocab + kChunk - 1) / kChunk; }
+
+// The candidate path needs a small k (or T = 0) and at most one chunk per thread of the select block.
+bool use_fast_path(int64_t vocab, float temperature, int64_t top_k) {
+  const bool small_k = temperature == 0.f || (top_k >= 1 && top_k <= kMaxFastK && top_k < vocab);
+  return small_k && splits_for(vocab) <= kRowThreads;
+}
+
+template <typename T>
+const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, float temperature,
+                         int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids, int32_t* first_bad,
+                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const bool argmax = temperature == 0.f;
+  const float inv_t = argmax ? 1.f : 1.f / temperature;
+  if (!use_fast_path(vocab, temperature, top_k)) {
+    rlkernel_sample_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        logits, row_stride, vocab, inv_t, argmax, top_k, top_p, rng, ids, first_bad);
+    return nullptr;
+  }
+  const int64_t splits = splits_for(vocab);
+  if (workspace_bytes < sample_workspace_bytes(rows, vocab, temperature, top_k)) return "sample workspace too small";
+  auto* cand = static_cast<uint64_t*>(workspace);
+  auto* counts = reinterpret_cast<uint32_t*>(cand + rows * splits * kCandCap);
+  rlkernel_sample_candidates<T><<<static_cast<unsigned>(rows * splits), kCandThreads, 0, stream>>>(
+      logits, row_stride, vocab, static_cast<int>(splits), inv_t, argmax ? 1 : static_cast<int>(top_k), cand,
+      counts);
+  const size_t staged = static_cast<size_t>(std::min<int64_t>(splits * kCandCap, kMaxSmemCand)) * sizeof(uint64_t);
+  // above the default 48 KiB of dynamic shared memory: must be allowed per kernel (cheap, host-side)
+  cudaError_t err = cudaFuncSetAttribute(rlkernel_sample_select<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(staged));
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  rlkernel_sample_select<T><<<static_cast<unsigned>(rows), kRowThreads, staged, stream>>>(
+      logits, row_stride, vocab, static_cast<int>(splits), inv_t, cand, counts, argmax, top_k, top_p, rng, ids,
+      first_bad);
+  return nullptr;
+}
+
+}  // namespace
+
+size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k) {
+  if (!use_fast_path(vocab, temperature, top_k)) return 0;
+  const int64_t slots = rows * splits_for(vocab);
+  return static_cast<size_t>(slots) * (kCandCap * sizeof(uint64_t) + sizeof(uint32_t));
+}
+
+const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
+                          float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
+                          int32_t* first_bad, void* workspace, size_t workspace_bytes, void* stream) {
+  if (rows <= 0) return nullptr;
+  if (vocab <= 0 || vocab >= (int64_t{1} << 31)) return "vocab size must be in [1, 2^31)";
+  if (rows >= (int64_t{1} << 31) || rows * splits_for(vocab) >= (int64_t{1} << 31)) return "too many rows";
+  if (!(temperature >= 0.f) || top_k < 0 || !(top_p > 0.0 && top_p <= 1.0)) return "bad sampling parameters";
+  nvtx3::scoped_range_in<NvtxDomain> range{
+      nvtx3::event_attributes{nvtx3::registered_string_in<NvtxDomain>::get<SampleMessage>()}};
+  auto st = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaMemsetAsync(first_bad, 0x7F, sizeof(int32_t), st);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const char* msg = nullptr;
+  switch (dtype) {
+    case ElemType::kFloat32:
+      msg = launch_typed(static_cast<const float*>(logits), rows, vocab, row_stride, temperature, top_k, top_p, rng,
+                         ids, first_bad, workspace, workspace_bytes, st);
+      break;
+    case ElemType::kFloat16:
+      msg = launch_typed(static_cast<const __half*>(logits), rows, vocab, row_stride, temperature, top_k, top_p,
+                         rng, ids, first_bad, workspace, workspace_bytes, st);
+      break;
+    case ElemType::kBFloat16:
+      msg = launch_typed(static_cast<const __nv_bfloat16*>(logits), rows, vocab, row_stride, temperature, top_k,
+                         top_p, rng, ids, first_bad, workspace, workspace_bytes, st);
+      break;
+    default:
+      return "logits dtype unsupported (float16/bfloat16/float32)";
+  }
+  if (msg != nullptr) return msg;
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace rlkernel

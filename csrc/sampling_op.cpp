@@ -1,0 +1,95 @@
+// The registered op rlkernel::sample (schema, thin tensor checks, the call into csrc/sampling.cu) and its
+// randomness: the Philox state of a CUDA generator for one call, advanced as torch's own random kernels advance
+// it (philox_cuda_state), so seeded calls reproduce and CUDA-graph replays draw afresh. The fake kernel and
+// input validation live in Python (rlkernel/ops/sampling_fused.py, rlkernel/validate.py).
+// Headers: CUDAGeneratorImpl.h also ships with the CPU wheel, so this file compiles there too (no link).
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <tuple>
+
+#include "rlkernel/logp_api.h"  // ElemType, current_cuda_stream (csrc/cuda_stream.cpp)
+#include "rlkernel/sampling_api.cuh"
+
+namespace {
+
+using at::Tensor;
+
+rlkernel::PhiloxArgs philox_args(const std::optional<at::Generator>& generator, int device_index,
+                                 uint64_t increment) {
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      generator, at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(device_index)));
+  TORCH_CHECK(gen->device().index() == device_index, "rlkernel sample: the generator is on ", gen->device(),
+              ", the logits on cuda:", device_index);
+  at::PhiloxCudaState state;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    state = gen->philox_cuda_state(increment);
+  }
+  rlkernel::PhiloxArgs args;
+  if (state.captured_) {
+    args.captured = true;
+    args.seed_ptr = state.seed_.ptr;
+    args.offset_ptr = state.offset_.ptr;
+    args.offset_intragraph = state.offset_intragraph_;
+  } else {
+    args.seed = state.seed_.val;
+    args.offset = state.offset_.val;
+  }
+  return args;
+}
+
+rlkernel::ElemType sample_elem_type(const Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return rlkernel::ElemType::kFloat32;
+    case at::kHalf: return rlkernel::ElemType::kFloat16;
+    case at::kBFloat16: return rlkernel::ElemType::kBFloat16;
+    default: TORCH_CHECK(false, "rlkernel sample: logits dtype ", t.scalar_type(), " unsupported (float16/bfloat16/float32)");
+  }
+}
+
+// Returns (ids int64 [N], first_bad int32 [1]: the first row without a distribution, else kNoBadRow).
+std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
+                                  std::optional<at::Generator> generator) {
+  TORCH_CHECK(logits.is_cuda(), "rlkernel sample: logits must be a CUDA tensor");
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "rlkernel sample: logits must be [N, V], last dim contiguous");
+  TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && top_p > 0.0 && top_p <= 1.0,
+              "rlkernel sample: need temperature >= 0, top_k >= 0, 0 < top_p <= 1");
+  c10::DeviceGuard guard(logits.device());
+  const int64_t n = logits.size(0), vocab = logits.size(1);
+  const int device = logits.device().index();
+  Tensor ids = at::empty({n}, logits.options().dtype(at::kLong));
+  Tensor first_bad = at::empty({1}, logits.options().dtype(at::kInt));
+  if (n == 0) return {ids, first_bad.fill_(rlkernel::kNoBadRow)};
+  const float t = static_cast<float>(temperature);
+  // T = 0 is argmax and draws nothing: the generator is left as it was
+  const rlkernel::PhiloxArgs rng = t > 0.f ? philox_args(generator, device, rlkernel::kSampleOffsetIncrement)
+                                           : rlkernel::PhiloxArgs{};
+  const size_t ws_bytes = rlkernel::sample_workspace_bytes(n, vocab, t, top_k);
+  Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, logits.options().dtype(at::kByte));
+  const char* err = rlkernel::sample_launch(
+      logits.data_ptr(), sample_elem_type(logits), n, vocab, n > 1 ? logits.stride(0) : vocab, t, top_k,
+      top_p, rng, ids.data_ptr<int64_t>(), first_bad.data_ptr<int32_t>(),
+      ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device));
+  TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
+  return {ids, first_bad};
+}
+
+}  // namespace
+
+// Off by default: on the H200 (2026-12-02) a call of this op crashed the process on the host side (SIGSEGV inside
+// sample(), cause not yet found; issue 9). Build with CFLAGS=-DRLKERNEL_FUSED_SAMPLE to register it and debug;
+// unregistered, rlkernel.sample records a fallback to the native path ("extension built without the sample kernels").
+#if defined(RLKERNEL_FUSED_SAMPLE)
+TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
+  m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None) -> "
+        "(Tensor ids, Tensor first_bad)");
+}
+
+TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) { m.impl("sample", &sample); }
+#endif  // RLKERNEL_FUSED_SAMPLE
