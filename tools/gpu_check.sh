@@ -4,6 +4,8 @@
 #   source .node-kit/env.sh && bash tools/gpu_check.sh [STAGE ...]
 #
 # Stages (default: all, in this order): node build tests profile grpo capture bench
+# (and `example`: a small nsys capture of the log-prob workloads, analysed with --require-fused, the run tarred
+# into the output folder: the analyzer's bundled example is made from it)
 # Each stage takes a few minutes at most, so one device call can run one or a few of them. Each step's exit code
 # is read per the contracts: 0 pass, 3 blocked (this machine lacks what it needs), anything else fail.
 # Logs go to $OUT (or ./reports/gpu_check when OUT is unset): one log per step, bundled into logs.tgz, and
@@ -12,8 +14,8 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/reports/gpu_check}
-logs="$out/logs"
-mkdir -p "$logs"
+logs=$(mktemp -d)/logs  # outside $OUT: only logs.tgz and summary.txt go there
+mkdir -p "$out" "$logs"
 summary="$out/summary.txt"
 : > "$logs/steps.tsv"
 py=${PYTHON:-python3}
@@ -39,11 +41,13 @@ step() {  # step NAME COMMAND...: run, log, classify
 has_cuda() { "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)' 2>/dev/null; }
 
 stage_node() {
-  step nvidia-smi nvidia-smi
+  if command -v nvidia-smi >/dev/null; then
+    step nvidia-smi nvidia-smi
+  else
+    step nvidia-smi sh -c 'echo "blocked: nvidia-smi not found (no NVIDIA driver here)"; exit 3'
+  fi
   step node-record "$py" -m rlkernel.env
-  step select-gpu "$py" -c "import sys, torch; print('cuda_available', torch.cuda.is_available());
-print('device_count', torch.cuda.device_count());
-sys.exit(3) if not torch.cuda.is_available() else print('logical_device_0', torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))"
+  step select-gpu "$py" -c "import sys, torch; ok = torch.cuda.is_available(); print('cuda_available', ok, 'device_count', torch.cuda.device_count(), 'logical_device_0', torch.cuda.get_device_name(0) if ok else None); sys.exit(0 if ok else 3)"
 }
 
 stage_build() {
@@ -92,6 +96,15 @@ stage_capture() {
   step analyze-grpo "$py" -m pipelines.analyze --require-fused
 }
 
+stage_example() {
+  step capture-example "$py" -m pipelines.capture --workload logp-native --workload logp-fused \
+    --workload logp-fused-bwd --batch-size 2 --seq-len 64 --vocab-size 4096 --warmup 2 --repeat 3 --output-dir runs
+  step analyze-example "$py" -m pipelines.analyze --require-fused
+  local run
+  run=$(ls -d runs/*-logp-native+2 2>/dev/null | tail -1)
+  [ -n "$run" ] && tar czf "$out/example_run.tgz" "$run"
+}
+
 stage_bench() {
   step bench-nvtx "$py" benchmarks/bench_nvtx_overhead.py
   step bench-logp "$py" benchmarks/bench_logp.py
@@ -101,7 +114,7 @@ stage_bench() {
 stages=${*:-node build tests profile grpo capture bench}
 echo "gpu_check: stages [$stages], CUDA_VISIBLE_DEVICES=$gpu, logs in $logs"
 for s in $stages; do
-  type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench)" >&2; exit 2; }
+  type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench example)" >&2; exit 2; }
   "stage_$s"
 done
 
@@ -115,7 +128,7 @@ verdicts=$(for csv in runs/*/report/dispatch.csv; do [ -f "$csv" ] && awk -F, -v
   echo "trace verdicts of fused workloads:"
   echo "${verdicts:-   (no analyzed runs)}"
 } > "$summary"
-tar czf "$out/logs.tgz" -C "$out" logs 2>/dev/null
+tar czf "$out/logs.tgz" -C "$(dirname "$logs")" logs 2>/dev/null
 cat "$summary"
 grep -q $'\tfail\t' "$logs/steps.tsv" && exit 1
 exit 0
