@@ -128,3 +128,10 @@ def test_nested_recordings_each_see_their_records():
         rlkernel.logp(logits, ids, backend="native")
     assert inner.records == []
     assert outer.records == [(Dispatch("logp.forward", "native", "native", "native", ""), 1)]
+
+
+def test_sampler_logprobs_are_part_of_the_sample_op():
+    # the rollout's log-probs belong to `sample`: no logp record (nor, in a trace, a logp op range) for them
+    logits, _ = _inputs()
+    rlkernel.sample(logits, top_k=3, return_logprobs=True, backend="native")
+    assert [r.op for r, _ in dispatch.history()] == ["sample"]

@@ -113,3 +113,11 @@ def _logp_native(logits, token_ids, temperature, ignore_index, return_entropy, r
             first = int(bad.flatten().nonzero()[0])
             raise bad_id_error(first, ids.shape, int(ids.flatten()[first]), vocab)
     return out, ent
+
+
+def native_logp_values(logits, token_ids, temperature):
+    """Float32 log-probs of valid ids by the native forward arithmetic, without an op range or a dispatch record
+    (the sampler calls it inside its own op range)."""
+    with torch.no_grad():
+        out, _ = _logp_native(logits, token_ids, temperature, -100, False, "native", "")
+    return out.float()

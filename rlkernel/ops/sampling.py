@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops.logp import logp
 from rlkernel.ops.sampling_native import sample_native
 from rlkernel.validate import check_sample_args
 
@@ -21,7 +20,6 @@ def sample(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, to
     """
     check_sample_args(logits, temperature, top_k, top_p, generator)
     rec = dispatch.resolve("sample", backend, require_fused, logits.device, logits.dtype)
-    logp_t = float(temperature) if temperature > 0 else 1.0
     if rec.status == "fused":
         from rlkernel.ops.sampling_fused import sample_fused
 
@@ -29,10 +27,6 @@ def sample(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, to
                                generator=generator, return_logprobs=bool(return_logprobs))
         return (ids, lp) if return_logprobs else ids
     with torch.no_grad():
-        ids = sample_native(logits, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                            generator=generator)
-        if not return_logprobs:
-            return ids
-        # The same path as training: logp's native backend on the same logits.
-        lp = logp(logits, ids, temperature=logp_t, backend="native")
-    return ids, lp
+        ids, lp = sample_native(logits, temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                                generator=generator, return_logprobs=bool(return_logprobs))
+    return (ids, lp) if return_logprobs else ids

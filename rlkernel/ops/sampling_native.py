@@ -28,21 +28,34 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     return sorted_p, order
 
 
-def sample_native(logits, *, temperature, top_k, top_p, generator):
-    """Draw one id per row; returns int64 ids of shape logits.shape[:-1]."""
+def _draw(rows, temperature, top_k, top_p, generator):
+    if temperature == 0:
+        return torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
+    probs, order = filtered_probs(rows, temperature, top_k, top_p)
+    finite = torch.isfinite(probs).all(dim=-1)
+    if not bool(finite.all()):
+        first = int((~finite).nonzero()[0])
+        raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
+    pick = torch.multinomial(probs, 1, generator=generator)
+    return order.gather(-1, pick).squeeze(-1)
+
+
+def sample_native(logits, *, temperature, top_k, top_p, generator, return_logprobs=False):
+    """Draw one id per row: (int64 ids of shape logits.shape[:-1], float32 log-probs or None).
+
+    The log-probs are computed by logp's native code (the same arithmetic as ``rlkernel.logp(backend="native")``)
+    inside this op's ``op.sample`` range: they are part of the sampler's work, not a separate logp call, so a
+    trace or a dispatch history shows no logp op for them."""
+    from rlkernel.ops.logp_native import native_logp_values
+
     vocab = logits.shape[-1]
     rows = logits.reshape(-1, vocab)
     with op_range("op.sample"):
         if rows.shape[0] == 0:
-            return torch.empty(logits.shape[:-1], dtype=torch.long, device=logits.device)
-        if temperature == 0:
-            ids = torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
-            return ids.reshape(logits.shape[:-1])
-        probs, order = filtered_probs(rows, temperature, top_k, top_p)
-        finite = torch.isfinite(probs).all(dim=-1)
-        if not bool(finite.all()):
-            first = int((~finite).nonzero()[0])
-            raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
-        pick = torch.multinomial(probs, 1, generator=generator)
-        ids = order.gather(-1, pick).squeeze(-1)
-    return ids.reshape(logits.shape[:-1])
+            ids = torch.empty(rows.shape[0], dtype=torch.long, device=logits.device)
+        else:
+            ids = _draw(rows, temperature, top_k, top_p, generator)
+        lp = None
+        if return_logprobs:
+            lp = native_logp_values(rows, ids, temperature if temperature > 0 else 1.0).reshape(logits.shape[:-1])
+    return ids.reshape(logits.shape[:-1]), lp

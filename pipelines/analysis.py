@@ -1,0 +1,190 @@
+"""One trace's analysis: stage it, ask the questions in ``queries/``, return their tables.
+
+Composition only: the numbers come from the SQL files (``pipelines.sql``); this module decides which ranges
+are workloads, which kernel names prove the fused path, and which ops ran native on purpose, from the
+registry (``rlkernel.workloads``, imported lazily and optional: a bare trace analyzes without torch), the
+run's manifest, and the command line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import sys
+import time
+
+import pandas as pd
+
+from pipelines import sql, trace_db
+
+DEFAULT_PATTERNS = ("rlkernel_*",)
+
+# The exact columns of each output CSV (issue 8).
+COLUMNS = {
+    "kernel_summary": ["kernel", "kernel_short", "instances", "total_ns", "avg_ns", "med_ns", "min_ns", "max_ns",
+                       "stddev_ns", "time_pct"],
+    "range_summary": ["range", "style", "instances", "range_total_ns", "proj_total_ns", "gpu_ops"],
+    "range_kernels": ["range", "style", "kernel", "kernel_short", "kernel_instances", "total_ns", "avg_ns",
+                      "med_ns", "min_ns", "max_ns", "stddev_ns"],
+    "dispatch": ["level", "range", "instance", "start_ns", "verdict", "fused_kernels", "other_kernels",
+                 "proj_gpu_ns"],
+    "bandwidth": ["workload", "instances", "bytes", "mean_proj_gpu_ns", "gb_per_s", "peak_gb_per_s", "pct_of_peak",
+                  "ncu_launches", "ncu_dram_bytes", "ncu_gpu_time_ns", "ncu_gb_per_s", "ncu_dram_pct_of_peak"],
+}
+
+
+@dataclasses.dataclass
+class Source:
+    """What to analyze: an export, and the run directory (with its manifest) it came from, if any."""
+
+    trace: pathlib.Path
+    run_dir: pathlib.Path | None = None
+    manifest: dict | None = None
+    ncu_csv: pathlib.Path | None = None
+    provenance: dict | None = None  # the bundled example's where/when record
+
+
+@dataclasses.dataclass
+class Result:
+    source: Source
+    meta: dict
+    tables: dict[str, pd.DataFrame]
+    workloads: pd.DataFrame
+    patterns: list[str]
+    counts: dict[str, int]
+    seconds: float
+
+
+def progress(msg: str) -> None:
+    print(f"analyze: {msg}", file=sys.stderr, flush=True)
+
+
+def registry() -> dict[str, dict]:
+    """name -> {fused_ops, fused_patterns, path} from rlkernel.workloads; {} where it cannot be imported."""
+    try:
+        from rlkernel import workloads
+    except Exception:  # noqa: BLE001 - no torch, a broken tree: a bare trace still analyzes
+        return {}
+    out = {}
+    for name in workloads.names():
+        w = workloads.get(name)
+        out[name] = {"fused_ops": list(w.fused_ops), "fused_patterns": list(w.fused_patterns), "path": w.path}
+    return out
+
+
+def known_workloads(manifest: dict | None, range_messages: set[str]) -> dict[str, dict]:
+    """The registry's workloads, overridden by the manifest's (the run's own record wins)."""
+    known: dict[str, dict] = {}
+    if any(m for m in range_messages):
+        known.update(registry())
+    for w in (manifest or {}).get("workloads", []):
+        known[w["name"]] = {"fused_ops": list(w.get("fused_ops", [])),
+                            "fused_patterns": list(w.get("fused_patterns", [])), "path": w.get("path", "")}
+    return known
+
+
+def workload_specs(ranges: pd.DataFrame, known: dict[str, dict], extra: list[str]) -> list[tuple]:
+    """(range, name, fused_ops, expects_fused) for every range judged as a workload.
+
+    Registry/manifest workload names in domain rlkernel; names given with --range (as `domain:name` or the bare
+    message); and, for traces of other programs, any range whose message ends in `-fused`.
+    """
+    specs = []
+    for rng, domain, message in ranges[["range", "domain", "message"]].itertuples(index=False):
+        if domain == "rlkernel" and message.startswith("op."):
+            continue
+        info = known.get(message)
+        if (domain == "rlkernel" and info) or rng in extra or message in extra or message.endswith("-fused"):
+            fused_ops = list((info or {}).get("fused_ops", []))
+            expects = bool(fused_ops) or (info or {}).get("path") == "fused" or message.endswith("-fused")
+            specs.append((rng, message, fused_ops, expects))
+    return specs
+
+
+def native_ops(manifest: dict | None) -> list[str]:
+    """Ops the dispatch records show running native on purpose, and never falling back."""
+    recs = (manifest or {}).get("dispatch", [])
+    native = {r["op"] for r in recs if r.get("status") == "native"}
+    bad = {r["op"] for r in recs if r.get("status") in ("fallback", "blocked")}
+    return sorted(native - bad)
+
+
+def fused_patterns(manifest: dict | None, known: dict[str, dict], present: set[str], cli: list[str]) -> list[str]:
+    pats: list[str] = []
+    for name in sorted(present):
+        pats += known.get(name, {}).get("fused_patterns", [])
+    for w in (manifest or {}).get("workloads", []):
+        pats += w.get("fused_patterns", [])
+    pats += cli
+    return sorted(set(pats)) or list(DEFAULT_PATTERNS)
+
+
+def load_ncu(con, path: pathlib.Path | None) -> None:
+    con.execute("CREATE OR REPLACE TEMP TABLE ncu_metrics (range VARCHAR, instance BIGINT, kernel VARCHAR, "
+                "launch BIGINT, metric VARCHAR, unit VARCHAR, value DOUBLE)")
+    if path is None or not path.exists():
+        return
+    try:
+        df = pd.read_csv(path)
+    except Exception as e:  # noqa: BLE001
+        raise trace_db.TraceError(f"{path}: not a readable ncu.csv ({e})") from None
+    need = ["range", "instance", "kernel", "launch", "metric", "unit", "value"]
+    if list(df.columns)[: len(need)] != need:
+        raise trace_db.TraceError(f"{path}: ncu.csv columns are {list(df.columns)}, expected {need}")
+    df = df[need].copy()
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    con.register("ncu_df", df)
+    con.execute("INSERT INTO ncu_metrics SELECT * FROM ncu_df")
+    con.unregister("ncu_df")
+
+
+def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None) -> Result:
+    t0 = time.perf_counter()
+    trace = trace_db.open_trace(src.trace, con)
+    c = trace.con
+    progress(f"{src.trace.name}: loaded in {time.perf_counter() - t0:.1f} s; staging")
+    sql.stage(c)
+    counts = dict(zip(("kernels", "memory_ops", "ranges"), c.execute(
+        "SELECT count(*) FILTER (WHERE kind = 'kernel'), count(*) FILTER (WHERE kind <> 'kernel'), "
+        "(SELECT count(*) FROM ranges) FROM gpu_ops").fetchone(), strict=True))
+    progress(f"{src.trace.name}: {counts['kernels']} kernels, {counts['memory_ops']} copies/sets, "
+             f"{counts['ranges']} ranges, staged at {time.perf_counter() - t0:.1f} s")
+
+    distinct = c.execute("SELECT DISTINCT range, domain, message FROM ranges ORDER BY range").df()
+    rl_messages = set(distinct.loc[distinct["domain"] == "rlkernel", "message"])
+    known = known_workloads(src.manifest, rl_messages)
+    specs = workload_specs(distinct, known, list(ranges))
+    c.execute("CREATE OR REPLACE TEMP TABLE workload_spec (range VARCHAR, name VARCHAR, fused_ops VARCHAR[], "
+              "expects_fused BOOLEAN)")
+    if specs:
+        c.executemany("INSERT INTO workload_spec VALUES (?, ?, ?, ?)", [list(s) for s in specs])
+    pats = fused_patterns(src.manifest, known, {s[1] for s in specs}, list(patterns))
+
+    tables = {name: sql.frame(c, name) for name in ("kernel_summary", "range_summary", "range_kernels")}
+    c.execute("CREATE OR REPLACE TEMP TABLE dispatch AS " + sql.text("verdicts"),
+              {"patterns": pats, "native_ops": native_ops(src.manifest)})
+    dispatch = c.execute("SELECT * FROM dispatch").df()
+    tables["dispatch"] = dispatch
+    c.execute("CREATE OR REPLACE TEMP TABLE workload_summary AS " + sql.text("workload_summary"))
+    workloads = c.execute("SELECT * FROM workload_summary").df()
+
+    mw = [(w["name"], int(w.get("bytes") or 0), int(w.get("flops") or 0))
+          for w in (src.manifest or {}).get("workloads", [])]
+    c.execute("CREATE OR REPLACE TEMP TABLE manifest_workloads (name VARCHAR, bytes BIGINT, flops BIGINT)")
+    if mw:
+        c.executemany("INSERT INTO manifest_workloads VALUES (?, ?, ?)", mw)
+        load_ncu(c, src.ncu_csv)
+        tables["bandwidth"] = sql.frame(c, "bandwidth")
+    seconds = time.perf_counter() - t0
+    progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
+    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds)
+
+
+def failures(result: Result) -> list[str]:
+    """--require-fused: workloads that must be fused and are not, and their required op ranges that are not."""
+    d = result.tables["dispatch"]
+    bad = []
+    for r in d.itertuples(index=False):
+        if r.required_fused and r.verdict != "fused":
+            where = f" in {r.in_workload} #{int(r.in_workload_instance)}" if r.level == "op" else ""
+            bad.append(f"{r.level} {r.range} #{int(r.instance)}{where}: {r.verdict}")
+    return bad

@@ -1,0 +1,198 @@
+"""Rendering: CSV tables and one self-contained HTML report (Jinja, autoescaped), written atomically.
+
+Every string that reaches the HTML passes Jinja's autoescape (kernel names are full of ``<>&``); nothing in
+the page loads from the network (inline CSS and SVG). The environment block shows an allow-list of fields
+from the run manifest and the export's GPU table; the traced process's environment (TARGET_INFO_SYSTEM_ENV,
+META_DATA_CAPTURE's ENVIRONMENT_VARIABLE rows) is never read by the analyzer, so it cannot be shown.
+"""
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import pathlib
+import re
+import tempfile
+
+import jinja2
+import pandas as pd
+
+TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
+HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
+ENV_ALLOWED = re.compile(r"^(CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|TORCH_CUDA_ARCH_LIST|CUDA_LAUNCH_BLOCKING"
+                         r"|RLKERNEL_[A-Z0-9_]+)$")
+VERDICT_ORDER = ("fallback", "mixed", "no-gpu-work", "native", "fused")
+
+
+def _template_dir() -> pathlib.Path:
+    if TEMPLATE_DIR.is_dir():
+        return TEMPLATE_DIR
+    import importlib.resources
+
+    return pathlib.Path(str(importlib.resources.files("reports_templates")))
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["ns"] = fmt_ns
+    env.filters["num"] = fmt_num
+    return env
+
+
+def fmt_ns(v) -> str:
+    """A duration in ns, as a human reads it (the CSVs keep the raw ns)."""
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    v = float(v)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(v) >= scale:
+            return f"{v / scale:.3g} {unit}"
+    return f"{v:.0f} ns"
+
+
+def fmt_num(v) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return ""
+    if isinstance(v, float) and not v.is_integer():
+        return f"{v:,.1f}"
+    try:
+        return f"{int(v):,}"
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
+    buf = io.StringIO()
+    df.reindex(columns=columns).to_csv(buf, index=False)
+    return buf.getvalue().encode()
+
+
+def write_atomic(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.Path]:
+    """Each file goes to a temporary name in out_dir first and is renamed over the target: a reader never
+    sees half a file, and a crash leaves the previous report whole."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    umask = os.umask(0)
+    os.umask(umask)  # mkstemp makes 0600 files; reports get the usual mode
+    written = []
+    for name, data in files.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, out_dir / name)
+        except BaseException:
+            pathlib.Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(out_dir / name)
+    return written
+
+
+def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS) -> dict:
+    if df is None:
+        return {"columns": columns, "rows": [], "total": 0, "shown": 0}
+    d = df.reindex(columns=columns).head(limit).astype(object)
+    rows = d.where(d.notna(), None).to_dict("records")  # NaN / pd.NA print as empty cells
+    return {"columns": columns, "rows": rows, "total": len(df), "shown": len(rows)}
+
+
+def bar_chart(df: pd.DataFrame | None, label: str, value: str, title: str | None = None, top: int = 12) -> list[dict]:
+    """Bars for the SVG chart: the top rows by value and one 'others' bar for the rest. Labels that repeat
+    (one short name, several template instances) get [2], [3]...; the full name is the bar's tooltip."""
+    if df is None or df.empty:
+        return []
+    d = df.sort_values(value, ascending=False)
+    head, rest = d.head(top), d.iloc[top:]
+    bars, seen = [], {}
+    for _, r in head.iterrows():
+        name = str(r[label])
+        seen[name] = seen.get(name, 0) + 1
+        shown = name if seen[name] == 1 else f"{name} [{seen[name]}]"
+        bars.append({"label": shown, "title": str(r[title or label]), "value": float(r[value])})
+    if len(rest):
+        bars.append({"label": f"{len(rest)} others", "title": f"{len(rest)} others", "value": float(rest[value].sum())})
+    peak = max((b["value"] for b in bars), default=0) or 1.0
+    total = sum(b["value"] for b in bars) or 1.0
+    for b in bars:
+        b["frac"] = b["value"] / peak
+        b["pct"] = 100.0 * b["value"] / total
+    return bars
+
+
+def env_block(result) -> list[tuple[str, str]]:
+    """(label, value) pairs: where the trace was recorded. Allow-listed fields only."""
+    m = result.source.manifest or {}
+    node = m.get("node") or {}
+    tools = m.get("tools") or {}
+    meta = result.meta
+    rows: list[tuple[str, str]] = []
+    for g in meta.get("gpus", []):
+        cc = f"{g['cc_major']}.{g['cc_minor']}" if g.get("cc_major") is not None else ""
+        bw = g.get("memory_bandwidth_bytes_per_s")
+        rows.append((f"GPU {g['id']}", f"{g['name']} (compute capability {cc}, {g.get('sm_count')} SMs"
+                     + (f", {bw / 1e9:.0f} GB/s peak memory bandwidth" if bw else "") + ")"))
+    for key, label in (("driver", "driver"), ("cuda_runtime", "CUDA runtime"), ("torch", "torch"),
+                       ("python", "python")):
+        if node.get(key):
+            rows.append((label, str(node[key])))
+    if "cuda_visible_devices" in node:
+        rows.append(("CUDA_VISIBLE_DEVICES", str(node.get("cuda_visible_devices"))))
+    for d in node.get("devices") or []:
+        if d.get("index", -1) >= 0:
+            rows.append((f"cuda:{d.get('index')}", f"physical GPU {d.get('physical_index')} {d.get('uuid', '')} "
+                         f"{d.get('name', '')}"))
+    ext = node.get("extension")
+    if isinstance(ext, dict):
+        rows.append(("rlkernel extension", "built " + ", ".join(ext.get("archs") or []) if ext.get("built")
+                     else f"not built ({ext.get('reason', '')})"))
+    for name in ("nsys", "ncu"):
+        t = tools.get(name)
+        if isinstance(t, dict) and t.get("version"):
+            rows.append((name, str(t["version"])))
+    if meta.get("EXPORT_PRODUCT_VERSION"):
+        rows.append(("exported by", f"{meta.get('EXPORT_PRODUCT_NAME', 'nsys')} {meta['EXPORT_PRODUCT_VERSION']}"))
+    for k, v in sorted((m.get("env") or {}).items()):
+        if ENV_ALLOWED.match(k):
+            rows.append((k, str(v)))
+    return rows
+
+
+def provenance(result) -> dict:
+    """Where and when: the bundled example's record, else the manifest, else the export's own metadata."""
+    m = result.source.manifest or {}
+    p = dict(result.source.provenance or {})
+    gpus = result.meta.get("gpus") or []
+    out = {
+        "recorded_at": p.get("recorded_at") or m.get("created_at") or result.meta.get("EXPORT_TIME_UTC") or "unknown",
+        "where": p.get("where") or p.get("gpu") or (gpus[0]["name"] if gpus else ""),
+        "note": p.get("note", ""),
+        "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
+    }
+    return out
+
+
+def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str]) -> bytes:
+    wl = result.workloads
+    badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
+               "mean": r["mean_proj_gpu_ns"]} for _, r in wl.iterrows()] if wl is not None else []
+    ctx = {
+        "title": result.source.run_dir.name if result.source.run_dir else result.source.trace.name,
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+        "provenance": provenance(result),
+        "env": env_block(result),
+        "counts": result.counts,
+        "patterns": result.patterns,
+        "badges": badges,
+        "failures": failures,
+        "kernel_bars": bar_chart(tables.get("kernel_summary"), "kernel_short", "total_ns", title="kernel"),
+        "range_bars": bar_chart(tables.get("range_summary"), "range", "proj_total_ns"),
+        "tables": {name: table(df, columns.get(name, list(df.columns) if df is not None else []))
+                   for name, df in tables.items()},
+        "workloads": table(wl, ["range", "verdict", "instances", "fused_kernels", "other_kernels",
+                                "mean_proj_gpu_ns"]),
+        "compare": table(compare, ["kind", "name", "base_ns", "cur_ns", "delta_pct", "base_verdict",
+                                   "cur_verdict", "regression"]) if compare is not None else None,
+        "verdict_order": VERDICT_ORDER,
+    }
+    return environment().get_template("report.html.j2").render(**ctx).encode()

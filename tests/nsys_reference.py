@@ -1,0 +1,39 @@
+"""Read the `nsys stats` CSVs stored beside each fixture trace (tests/data/<case>/stats_<report>.csv)."""
+from __future__ import annotations
+
+import pathlib
+import sqlite3
+
+import pandas as pd
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda")
+
+
+def stats(case: str, report: str) -> pd.DataFrame:
+    """One report's rows; an empty frame where nsys skipped the report (no data of that kind: empty file)."""
+    path = DATA / case / f"stats_{report}.csv"
+    if path.stat().st_size == 0:
+        return pd.DataFrame()
+    return pd.read_csv(path, keep_default_na=False, na_values=[])
+
+
+def cross_thread_ranges(case: str) -> set[str]:
+    """Names (`domain:message`) of start/end ranges ended on another thread, read straight from the export:
+    nsys reports none for them, the analyzer attributes the process's launches in their window."""
+    con = sqlite3.connect(f"file:{DATA / case / 'trace.sqlite'}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "NVTX_EVENTS" not in tables:
+            return set()
+        rows = con.execute("""
+            SELECT coalesce((SELECT coalesce(s2.value, d.text) FROM NVTX_EVENTS d LEFT JOIN StringIds s2
+                               ON s2.id = d.textId
+                             WHERE d.eventType = 75 AND d.domainId = e.domainId
+                               AND (d.globalTid >> 24) = (e.globalTid >> 24)), '')
+                   || ':' || coalesce(s.value, e.text, '')
+            FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId
+            WHERE e.eventType IN (60, 71) AND e.endGlobalTid IS NOT NULL AND e.endGlobalTid <> e.globalTid""")
+        return {r[0] for r in rows}
+    finally:
+        con.close()

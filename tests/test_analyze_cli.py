@@ -1,0 +1,236 @@
+"""python -m pipelines.analyze end to end on real fixtures: outputs, exit codes, bad input, defaults."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import sqlite3
+
+import pytest
+
+from pipelines import analysis, analyze, trace_db
+from tests.nsys_reference import DATA
+
+pytestmark = pytest.mark.smoke
+
+
+def main(*argv):
+    return analyze.main([str(a) for a in argv])
+
+
+def header(path):
+    with open(path, newline="") as f:
+        return next(csv.reader(f))
+
+
+def test_outputs_have_the_exact_columns(tmp_path):
+    out = tmp_path / "rep"
+    assert main(DATA / "verdicts", "--out", out) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["bandwidth.csv", "dispatch.csv", "kernel_summary.csv", "range_kernels.csv",
+                     "range_summary.csv", "report.html"]
+    for name, cols in analysis.COLUMNS.items():
+        assert header(out / f"{name}.csv") == cols, name
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
+
+
+def test_bandwidth_uses_manifest_bytes_and_the_gpu_peak(tmp_path):
+    out = tmp_path / "rep"
+    main(DATA / "verdicts", "--out", out)
+    rows = {r["workload"]: r for r in csv.DictReader(open(out / "bandwidth.csv"))}
+    m = json.loads((DATA / "verdicts" / "manifest.json").read_text())
+    r = rows["logp-native"]
+    assert int(r["bytes"]) == next(w["bytes"] for w in m["workloads"] if w["name"] == "logp-native")
+    # bytes per ns is GB/s; the peak is TARGET_INFO_GPU.memoryBandwidth (bytes/s) of the H200 that ran it.
+    assert abs(float(r["gb_per_s"]) - int(r["bytes"]) / float(r["mean_proj_gpu_ns"])) < 0.01
+    assert float(r["peak_gb_per_s"]) == pytest.approx(4814.3, abs=0.1)
+
+
+def test_require_fused_exits_1_after_writing(tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert main(DATA / "verdicts", "--out", out, "--require-fused") == 1
+    assert (out / "report.html").is_file()
+    err = capsys.readouterr().err
+    assert "not fused: workload rlkernel:logp-fused #1: fallback" in err
+    assert main(DATA / "nvtx_mix", "--out", tmp_path / "mix", "--require-fused") == 0
+
+
+def _bad(tmp_path, capsys, *argv):
+    out = tmp_path / "never"
+    rc = main(*argv, "--out", out)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and not out.exists()
+    assert len(err) == 1 and err[0].startswith("pipelines.analyze: "), err
+    return err[0]
+
+
+def test_missing_file(tmp_path, capsys):
+    assert "nope.sqlite: no such file" in _bad(tmp_path, capsys, tmp_path / "nope.sqlite")
+
+
+def test_not_sqlite(tmp_path, capsys):
+    p = tmp_path / "notes.sqlite"
+    p.write_text("hello")
+    assert "notes.sqlite: not an SQLite database" in _bad(tmp_path, capsys, p)
+
+
+def test_truncated_sqlite(tmp_path, capsys):
+    p = tmp_path / "cut.sqlite"
+    data = (DATA / "nvtx_mix" / "trace.sqlite").read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    assert "cut.sqlite: truncated SQLite file" in _bad(tmp_path, capsys, p)
+
+
+def test_corrupt_sqlite(tmp_path, capsys):
+    p = tmp_path / "corrupt.sqlite"
+    data = bytearray((DATA / "nvtx_mix" / "trace.sqlite").read_bytes())
+    data[100:len(data)] = b"\xa5" * (len(data) - 100)  # header intact, every page garbage
+    p.write_bytes(bytes(data))
+    assert "corrupt.sqlite: " in _bad(tmp_path, capsys, p)
+
+
+def test_sqlite_that_is_not_an_nsys_export(tmp_path, capsys):
+    p = tmp_path / "plain.sqlite"
+    con = sqlite3.connect(p)
+    con.execute("CREATE TABLE t (x)")
+    con.commit()
+    con.close()
+    assert "plain.sqlite: not an nsys export" in _bad(tmp_path, capsys, p)
+
+
+def test_run_without_trace(tmp_path, capsys):
+    run = tmp_path / "20260101T000000Z-logp-fused"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"workloads": [], "status": "failed", "error": "nsys died"}))
+    msg = _bad(tmp_path, capsys, run)
+    assert "run directory without a trace" in msg and "nsys died" in msg
+
+
+def test_bad_manifest(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "verdicts", run)
+    (run / "manifest.json").write_text("{not json")
+    assert "manifest.json: not a readable JSON manifest" in _bad(tmp_path, capsys, run)
+
+
+def test_nsys_rep_says_how_to_export(tmp_path, capsys):
+    p = tmp_path / "x.nsys-rep"
+    p.write_bytes(b"\0")
+    assert "nsys export --type sqlite" in _bad(tmp_path, capsys, p)
+
+
+def test_bad_threshold_and_unknown_option(tmp_path, capsys):
+    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "-1")
+    with pytest.raises(SystemExit) as e:
+        main("--no-such-option")
+    assert e.value.code == 2
+
+
+def test_missing_extension_is_blocked_with_the_install_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "duckdb_extension_sqlite_scanner" else real(name, *a))
+    assert main(DATA / "nvtx_mix", "--out", tmp_path / "x") == 3
+    err = capsys.readouterr().err
+    assert f"pip install duckdb-extension-sqlite-scanner=={trace_db.duckdb.__version__}" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_exit_codes_are_the_contracts():
+    import pipelines
+    from rlkernel import cli
+
+    assert (pipelines.EXIT_OK, pipelines.EXIT_CHECK_FAILED, pipelines.EXIT_USAGE, pipelines.EXIT_BLOCKED) == (
+        cli.EXIT_OK, cli.EXIT_CHECK_FAILED, cli.EXIT_USAGE, cli.EXIT_BLOCKED)
+
+
+def test_help_is_true(capsys):
+    with pytest.raises(SystemExit) as e:
+        main("--help")
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for opt in ("--out", "--fused-pattern", "--range", "--require-fused", "--compare", "--threshold"):
+        assert opt in text
+    for name in analysis.COLUMNS:
+        assert name in text or name == "bandwidth"  # bandwidth.csv is named as conditional output
+    assert "bandwidth.csv" in text
+
+
+def test_default_input_is_the_newest_complete_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runs = tmp_path / "runs"
+    shutil.copytree(DATA / "nvtx_mix", runs / "20260101T000000Z-old")
+    shutil.copytree(DATA / "verdicts", runs / "20260102T000000Z-new")
+    shutil.copytree(DATA / "no_cuda", runs / "20260103T000000Z-newer-failed")
+    (runs / ".20260104T000000Z-building.tmp-1").mkdir()
+    assert main() == 0
+    assert (runs / "20260102T000000Z-new" / "report" / "dispatch.csv").is_file()
+    assert not (runs / "20260101T000000Z-old" / "report").exists()
+
+
+def test_default_input_without_runs_is_the_bundled_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert (analyze.EXAMPLE_DIR / "trace.sqlite").is_file(), "the bundled example trace is missing"
+    assert main() == 0
+    out = tmp_path / "reports" / "example"
+    html = (out / "report.html").read_text()
+    assert "Recorded" in html and "H200" in html and "Example run" in html
+    dispatch = csv.DictReader(open(out / "dispatch.csv"))
+    verdicts = {r["range"]: r["verdict"] for r in dispatch if r["level"] == "workload"}
+    # the example was captured with the extension built: its fused workloads ran rlkernel_* kernels only
+    assert verdicts == {"rlkernel:logp-native": "native", "rlkernel:logp-fused": "fused",
+                        "rlkernel:logp-fused-bwd": "fused"}
+    bw = list(csv.DictReader(open(out / "bandwidth.csv")))
+    assert {r["workload"] for r in bw} == {"logp-native", "logp-fused", "logp-fused-bwd"}
+    assert all(float(r["gb_per_s"]) > 0 for r in bw)
+
+
+def test_bandwidth_joins_the_runs_ncu_metrics(tmp_path):
+    run = next((DATA / "capture").glob("*-logp-native+1"))  # a real H200 run captured with --tool all
+    assert main(run, "--out", tmp_path / "o") == 0
+    bw = list(csv.DictReader(open(tmp_path / "o" / "bandwidth.csv")))
+    assert {r["workload"] for r in bw} == {"logp-native", "logp-fused"}
+    assert all(float(r["ncu_dram_bytes"]) > 0 for r in bw)  # joined with the run's ncu.csv
+
+
+def test_several_inputs_get_one_directory_each(tmp_path):
+    assert main(DATA / "no_cuda", DATA / "no_nvtx", "--out", tmp_path / "o") == 0
+    assert (tmp_path / "o" / "no_cuda" / "report.html").is_file()
+    assert (tmp_path / "o" / "no_nvtx" / "kernel_summary.csv").is_file()
+
+
+def _copy_trace(tmp_path, name, *sql):
+    run = tmp_path / name
+    shutil.copytree(DATA / "verdicts", run)
+    con = sqlite3.connect(run / "trace.sqlite")
+    for statement in sql:
+        con.execute(statement)
+    con.commit()
+    con.close()
+    return run
+
+
+def test_compare_flags_a_slower_fused_workload(tmp_path, capsys):
+    # Baseline: the same capture with the GPU timeline compressed 2x (every GPU op's start and end halved:
+    # attribution follows the unchanged launch calls, projections halve) -> now is ~2x slower.
+    base = _copy_trace(tmp_path, "base", *(f'UPDATE {t} SET start = start / 2, "end" = "end" / 2' for t in (
+        "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMSET")))  # this export has no memcpy table
+    out = tmp_path / "cmp"
+    assert main(DATA / "verdicts", "--compare", base, "--out", out) == 1
+    rows = {(r["kind"], r["name"]): r for r in csv.DictReader(open(out / "compare.csv"))}
+    grpo = rows[("workload", "rlkernel:grpo-step")]
+    assert grpo["regression"] == "True" and float(grpo["delta_pct"]) > 5
+    assert rows[("workload", "rlkernel:logp-native")]["regression"] == "False"  # native: not gated
+    assert "regression: rlkernel:grpo-step" in capsys.readouterr().err
+    assert main(DATA / "verdicts", "--compare", base, "--threshold", "100000", "--out", out) == 0
+
+
+def test_compare_flags_a_lost_fused_verdict(tmp_path, capsys):
+    cur = _copy_trace(tmp_path, "cur", "UPDATE StringIds SET value = replace(value, 'rlkernel_', 'aten_like_')")
+    out = tmp_path / "cmp"
+    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--out", out) == 1
+    rows = {(r["kind"], r["name"]): r for r in csv.DictReader(open(out / "compare.csv"))}
+    g = rows[("workload", "rlkernel:grpo-step")]
+    assert (g["base_verdict"], g["cur_verdict"], g["regression"]) == ("fused", "fallback", "True")

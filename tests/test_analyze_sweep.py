@@ -1,0 +1,108 @@
+"""The per-thread sweep (queries/stage_*.sql) on its own, on hand-built source tables with the boundary cases
+real traces rarely show: siblings sharing a timestamp, a zero-length range, a range nested in one of the same
+name, overlapping ranges on another thread, a launch outside every range, unclosed ranges."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines import sql, trace_db
+
+pytestmark = pytest.mark.smoke
+
+PID = 7 << 24
+T1, T2 = PID | 1, PID | 2
+
+
+def build(ranges, launches):
+    """ranges: (name, start, end, tid[, eventType]); launches: (tid, start, end) -> one kernel each."""
+    con = trace_db.connect(threads=1)
+    trace_db.empty_sources(con)
+    for r in ranges:
+        name, start, end, tid = r[:4]
+        con.execute("INSERT INTO src_NVTX_EVENTS (start, \"end\", eventType, text, globalTid, domainId) "
+                    "VALUES (?, ?, ?, ?, ?, 0)", [start, end, r[4] if len(r) > 4 else 59, name, tid])
+    con.execute("INSERT INTO src_StringIds VALUES (1, 'k')")
+    for i, (tid, start, end) in enumerate(launches):
+        con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, 0)", [start, end, tid, 100 + i])
+        con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId, streamId, correlationId, "
+                    "globalPid, demangledName, shortName) VALUES (?, ?, 0, 7, ?, ?, 1, 1)",
+                    [1000 + 10 * i, 1005 + 10 * i, 100 + i, PID])
+    sql.stage(con)
+    return con
+
+
+def attribution(con) -> dict[int, list[str]]:
+    """correlationId -> sorted names of the ranges the launch counts for."""
+    rows = con.execute("""
+        SELECT o.correlationId, list_sort(list(r.message))
+        FROM gpu_ops o LEFT JOIN range_ops ro USING (op_id) LEFT JOIN ranges r USING (range_id)
+        GROUP BY 1 ORDER BY 1""").fetchall()
+    return {c: [n for n in names if n is not None] for c, names in rows}
+
+
+def test_stack_levels_siblings_zero_length_and_threads():
+    con = build(
+        ranges=[("A", 0, 100, T1), ("B", 10, 50, T1), ("Z", 50, 50, T1), ("D", 50, 90, T1),
+                ("A", 60, 70, T1),  # same name nested in A
+                ("E", 200, 300, T1), ("F", 0, 100, T2)],
+        launches=[(T1, 20, 25), (T1, 62, 63), (T1, 95, 96), (T1, 150, 151), (T2, 30, 31), (T1, 50, 51)])
+    got = attribution(con)
+    assert got[100] == ["A", "B"]
+    assert got[101] == ["A", "A", "D"]  # both A instances: every enclosing level counts
+    assert got[102] == ["A"]
+    assert got[103] == []  # between ranges
+    assert got[104] == ["F"]  # the other thread's range, never T1's
+    # A launch call [50, 51]: B closed and Z opened and closed at 50, D opened at 50. nsys's rule
+    # (start <= launch start and launch end <= end) holds for A and D only.
+    assert got[105] == ["A", "D"]
+    depth = dict(con.execute("SELECT r.message || r.start, t.depth FROM range_tree t JOIN ranges r USING (range_id)")
+                 .fetchall())
+    assert depth == {"A0": 1, "B10": 2, "Z50": 2, "D50": 2, "A60": 3, "E200": 1, "F0": 1}
+
+
+def test_start_end_ranges_same_thread_and_cross_thread():
+    con = build(ranges=[("S", 0, 100, T1, 60), ("S2", 40, 200, T1, 60)],
+                launches=[(T1, 10, 11), (T1, 50, 51), (T2, 60, 61)])
+    got = attribution(con)
+    assert got == {100: ["S"], 101: ["S", "S2"], 102: []}  # overlapping start/end ranges, thread-scoped
+    con.execute("UPDATE src_NVTX_EVENTS SET endGlobalTid = ? WHERE text = 'S2'", [T2])
+    sql.stage(con)
+    got = attribution(con)
+    assert got[102] == ["S2"]  # ended on T2: the whole process's launches inside its window
+
+
+def test_unclosed_range_runs_to_the_last_nvtx_timestamp():
+    con = build(ranges=[("open", 0, None, T1), ("later", 500, 600, T1)], launches=[(T1, 550, 551)])
+    assert attribution(con)[100] == ["later", "open"]
+
+
+def test_a_million_ranges_cost_a_sort_not_a_square():
+    """The sweep's work is linear in ranges + launches: 200k nested pairs stage in seconds on one thread."""
+    import time
+
+    con = trace_db.connect(threads=1)
+    trace_db.empty_sources(con)
+    n = 200_000
+    con.execute("INSERT INTO src_NVTX_EVENTS (start, \"end\", eventType, text, globalTid, domainId) "
+                "SELECT i * 10, i * 10 + 8, 59, 'r', ?, 0 FROM range(?) t(i)", [T1, n])
+    con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_RUNTIME SELECT i * 10 + 2, i * 10 + 3, ?, i, 0 FROM range(?) t(i)",
+                [T1, n])
+    con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", correlationId, globalPid) "
+                "SELECT i * 10 + 4, i * 10 + 6, i, ? FROM range(?) t(i)", [PID, n])
+    t = time.perf_counter()
+    sql.stage(con)
+    elapsed = time.perf_counter() - t
+    assert con.execute("SELECT count(*), count(DISTINCT range_id) FROM range_ops").fetchone() == (n, n)
+    # Generous bound (a shared CI core); an interval join would take minutes and gigabytes here.
+    assert elapsed < 30, f"staging {n} ranges took {elapsed:.1f} s"
+
+
+def test_trace_schema_doc_lists_every_table_and_column_read():
+    import pathlib
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
+    for table, cols in trace_db.SCHEMA.items():
+        line = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{table}` |")), None)
+        assert line is not None, f"docs/trace-schema.md has no row for {table}"
+        for c in cols:
+            assert f"`{c}`" in line, f"docs/trace-schema.md: {table} row lacks column {c}"

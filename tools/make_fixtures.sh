@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Make the analyzer's test fixtures on a GPU node: run each tools/traces/<case>.py under nsys,
+# export SQLite, strip it (tools/traces/strip_export.py), and write beside it the CSVs that
+# `nsys stats` prints for that same stripped file -- the reference the tests compare against.
+#
+#   source .node-kit/env.sh && tools/make_fixtures.sh OUTDIR [CASE ...]
+#
+# CASE defaults to every fixture case; `many` (the 1M-launch scale trace, not a fixture) runs
+# only when named, with MANY_N launches (default 1000000); MANY_STATS=0 skips its pinned `nsys stats`.
+# Output: OUTDIR/<case>/{trace.sqlite, stats_<report>.csv, stats.log, recorded.json}.
+set -euo pipefail
+OUTDIR=${1:?usage: tools/make_fixtures.sh OUTDIR [CASE ...]}
+shift
+CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda}
+REPORTS=cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum
+WORK=$(mktemp -d)
+NSYS_VERSION=$(nsys --version | awk '{print $NF}')
+GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
+echo "make_fixtures: nsys $NSYS_VERSION | $GPU | work dir $WORK"
+
+for c in $CASES; do
+  t0=$SECONDS
+  flags=(--trace=cuda,nvtx --sample=none --cpuctxsw=none --force-overwrite=true)
+  args=()
+  [ "$c" = graphs ] && flags+=(--cuda-graph-trace=node)
+  mkdir -p "$OUTDIR/$c"
+  [ "$c" = verdicts ] && args+=("$OUTDIR/$c/manifest.json")
+  [ "$c" = many ] && args+=("${MANY_N:-1000000}")
+  echo "== $c: profile"
+  nsys profile "${flags[@]}" -o "$WORK/$c" python tools/traces/$c.py "${args[@]}"
+  echo "== $c: export ($((SECONDS - t0)) s)"
+  nsys export --type sqlite --force-overwrite true --output "$WORK/$c.sqlite" "$WORK/$c.nsys-rep"
+  if [ "$c" = many ]; then
+    # The scale trace is measured, not committed: stats pinned to 2 cores, like the analyzer
+    # (MANY_STATS=0 skips them: the benchmark of the analyzer alone).
+    [ "${MANY_STATS:-1}" = 1 ] && python tools/traces/measure.py "nsys-stats-pinned many" taskset -c 0,1 \
+      nsys stats --report $REPORTS --format csv --force-overwrite true --output "$OUTDIR/$c/stats" "$WORK/$c.sqlite" \
+      > "$OUTDIR/$c/stats.log" 2>&1 || echo "nsys stats skipped or failed (see stats.log)"
+    tail -3 "$OUTDIR/$c/stats.log" 2>/dev/null || true
+    ls -la "$WORK/$c.sqlite"
+    mv "$WORK/$c.sqlite" "$OUTDIR/$c/trace.sqlite"
+    continue
+  fi
+  python tools/traces/strip_export.py "$WORK/$c.sqlite" "$OUTDIR/$c/trace.sqlite" "$WORK"
+  sum_before=$(sha256sum "$OUTDIR/$c/trace.sqlite" | cut -c1-16)
+  echo "== $c: stats ($((SECONDS - t0)) s)"
+  nsys stats --report $REPORTS --format csv --force-overwrite true --output "$OUTDIR/$c/stats" \
+    "$OUTDIR/$c/trace.sqlite" > "$OUTDIR/$c/stats.log" 2>&1 || echo "nsys stats exit $? (see stats.log)"
+  sum_after=$(sha256sum "$OUTDIR/$c/trace.sqlite" | cut -c1-16)
+  [ "$sum_before" = "$sum_after" ] || echo "WARNING: nsys stats modified $c/trace.sqlite"
+  python - "$OUTDIR/$c/recorded.json" "$c" "$NSYS_VERSION" "$GPU" "${flags[*]}" <<'PY'
+import datetime, json, sys
+path, case, nsys, gpu, flags = sys.argv[1:]
+json.dump({"case": case, "program": f"tools/traces/{case}.py", "nsys_version": nsys, "gpu": gpu,
+           "nsys_flags": flags, "stats_reports": "cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum",
+           "recorded_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
+          open(path, "w"), indent=1)
+PY
+  ls -la "$OUTDIR/$c"
+  echo "== $c: done in $((SECONDS - t0)) s"
+done
+rm -rf "$WORK"

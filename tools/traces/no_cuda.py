@@ -1,0 +1,16 @@
+"""Fixture program: NVTX ranges and no CUDA work (the export has no CUPTI tables)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _tricky import load  # noqa: E402
+
+lib = load()
+dom = lib.tl_domain(b"cpu_only")
+for _ in range(2):
+    lib.tl_push_inline(0, b"host_work")
+    lib.tl_push_inline(dom, b"inner")
+    sum(range(10000))
+    lib.tl_pop(dom)
+    lib.tl_pop(0)
+print("no_cuda done")
