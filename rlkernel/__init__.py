@@ -1,12 +1,29 @@
 """rlkernel: fast, honest GPU kernels for RL post-training (per-token log-probs and sampling).
 
 Every op call leaves a dispatch record saying which path ran (see ``rlkernel.dispatch`` and
-``docs/contracts.md``).
+``docs/contracts.md``). The ops are imported on first use, so torch-free modules such as ``rlkernel.cli``
+(exit codes) can be imported without importing torch.
 """
-from rlkernel import dispatch
-from rlkernel.dispatch import FallbackWarning, FusedKernelUnavailable
-from rlkernel.ops.logp import logp
-from rlkernel.ops.sampling import sample
+import importlib
 
 __version__ = "0.1.0"
 __all__ = ["logp", "sample", "dispatch", "FusedKernelUnavailable", "FallbackWarning", "__version__"]
+
+_LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "sample": ("rlkernel.ops.sampling", "sample"),
+         "dispatch": ("rlkernel.dispatch", None),
+         "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
+         "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning")}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'rlkernel' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module)
+    value = getattr(value, attr) if attr else value
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
