@@ -110,7 +110,7 @@ def _gap_check(result, dtype) -> tuple[str, bool]:
     Rollout and training compute bitwise the same logits (rlkernel.grpo.Policy.logits_per_position), so the gap
     is the log-prob paths' alone: 0 when both are native, else within the fused-vs-native logp tolerance.
     """
-    atol, rtol = compare_tolerance(dtype)
+    atol, rtol = compare_tolerance()
     tol = atol + rtol * result.max_abs_logp
     ok = result.sampler_gap <= tol
     return f"sampler_gap {result.sampler_gap:.3g} (tol {tol:.2g} {'ok' if ok else 'EXCEEDED'})", ok

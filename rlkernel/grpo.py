@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -165,19 +164,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return adv.reshape(-1)
 
 
-def _snapshot() -> Counter:
-    return Counter(dict(dispatch.history()))
-
-
-def _records_since(before: Counter) -> list:
-    """The (Dispatch, count) records added to the process history since ``before``.
-
-    Not ``dispatch.recording()``: a recording nested in another one (the profile suite and capture wrap each
-    repetition in theirs) can remove the outer block's counter on exit (list.remove compares Counters by value).
-    """
-    return list((_snapshot() - before).items())
-
-
 def _status(records, op: str) -> tuple[str, str]:
     recs = [r for r, _ in records if r.op == op]
     status = dispatch.worst(r.status for r in recs)
@@ -197,20 +183,20 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
     buf = torch.full((B, P + C - 1), EOS, dtype=torch.long, device=device)
     buf[:, :P] = prompts
     ids, lps = [], []
-    before = _snapshot()
-    for t in range(C):
-        h = policy.features(buf)[:, P - 1 + t]
-        tok, lp = rlkernel.sample(policy.logits(h, cfg.dtype), temperature=cfg.temperature, top_k=cfg.top_k,
-                                  top_p=cfg.top_p, generator=generator, return_logprobs=True)
-        ids.append(tok)
-        lps.append(lp)
-        if P + t < buf.shape[1]:
-            buf[:, P + t] = tok
+    with dispatch.recording() as rec:  # this rollout's sample records
+        for t in range(C):
+            h = policy.features(buf)[:, P - 1 + t]
+            tok, lp = rlkernel.sample(policy.logits(h, cfg.dtype), temperature=cfg.temperature, top_k=cfg.top_k,
+                                      top_p=cfg.top_p, generator=generator, return_logprobs=True)
+            ids.append(tok)
+            lps.append(lp)
+            if P + t < buf.shape[1]:
+                buf[:, P + t] = tok
     completions = torch.stack(ids, 1)
     mask = completion_mask(completions)
     rewards = synthetic_reward(prompts, completions, mask)
     return Rollout(prompts, completions, mask, torch.stack(lps, 1).float(), rewards,
-                   group_advantages(rewards, cfg.samples_per_prompt), _records_since(before))
+                   group_advantages(rewards, cfg.samples_per_prompt), rec.records)
 
 
 class Trainer:
@@ -240,25 +226,25 @@ class Trainer:
         zero = torch.zeros((), device=self.device)
         # masked positions: logp gives 0 there, so old/ref are zeroed too (no exp overflow from a masked token)
         old = torch.where(mask, ro.sampler_logp, zero)
-        before = _snapshot()
-        with torch.no_grad():
-            ref = self._logp(self.reference, ro, ids)[0]
-        lp, logits = self._logp(self.policy, ro, ids)
-        ratio = torch.exp(lp - old)
-        adv = ro.advantages.unsqueeze(1)
-        clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
-        policy_tok = -torch.minimum(ratio * adv, clipped * adv)
-        d = ref - lp
-        kl_tok = torch.exp(d) - d - 1  # k3 estimator of KL(policy || reference): >= 0, unbiased
-        m = mask.float()
-        n = m.sum(1)
-        # per-sequence masked mean over completion tokens, then the mean over sequences (GRPO)
-        policy_loss = ((policy_tok * m).sum(1) / n).mean()
-        kl = ((kl_tok * m).sum(1) / n).mean()
-        loss = policy_loss + cfg.beta * kl
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # through rlkernel.logp's backward (the fused kernel when logp.forward ran fused)
-        self.optimizer.step()
+        with dispatch.recording() as rec:  # the training step's own records (forward, backward)
+            with torch.no_grad():
+                ref = self._logp(self.reference, ro, ids)[0]
+            lp, logits = self._logp(self.policy, ro, ids)
+            ratio = torch.exp(lp - old)
+            adv = ro.advantages.unsqueeze(1)
+            clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+            policy_tok = -torch.minimum(ratio * adv, clipped * adv)
+            d = ref - lp
+            kl_tok = torch.exp(d) - d - 1  # k3 estimator of KL(policy || reference): >= 0, unbiased
+            m = mask.float()
+            n = m.sum(1)
+            # per-sequence masked mean over completion tokens, then the mean over sequences (GRPO)
+            policy_loss = ((policy_tok * m).sum(1) / n).mean()
+            kl = ((kl_tok * m).sum(1) / n).mean()
+            loss = policy_loss + cfg.beta * kl
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # through rlkernel.logp's backward (the fused kernel when logp.forward ran fused)
+            self.optimizer.step()
         with torch.no_grad():
             gap = (lp.detach() - ro.sampler_logp).abs()[mask].max()
             # |d loss_token / d logp|: the ratio term (0 where the clip is active) plus the k3 term; each token's
@@ -267,7 +253,7 @@ class Trainer:
             dterm = torch.where(unclipped, ratio * adv.abs(), zero) + cfg.beta * (1 - torch.exp(d)).abs()
             grad_weight = dterm[mask].max()
             max_abs_lp = lp.detach().abs()[mask].max()
-        records = _records_since(before)
+        records = rec.records
         delta, scale = 0.0, 0.0
         if measure_native:  # after records were taken: not a training call (the logits predate the update)
             with torch.no_grad():
@@ -286,11 +272,11 @@ class Trainer:
         return self.train_step(rollout(self.policy, self.cfg, self.generator, self.device))
 
 
-def compare_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+def compare_tolerance() -> tuple[float, float]:
     """(atol, rtol) per token between the fused and native logp: the one the logp workloads check against."""
-    from rlkernel.workloads import _tolerance
+    from rlkernel.workloads import LOGP_TOLERANCE
 
-    return _tolerance(dtype)
+    return LOGP_TOLERANCE
 
 
 ROUNDING_ULPS = 8  # exp, log, the division by T and the final subtraction: each at most ~2 ulps of the lse scale

@@ -7,8 +7,10 @@ import torch
 
 
 def validation_enabled() -> bool:
-    """The post-kernel id check runs unless RLKERNEL_VALIDATE=0 or a CUDA graph is being captured."""
-    if os.environ.get("RLKERNEL_VALIDATE", "1") == "0":
+    """The post-kernel checks (ids out of range, rows without a distribution) run unless RLKERNEL_VALIDATE=0,
+    ``torch.compile`` is tracing (a compiled graph cannot raise; a read-back would break it) or a CUDA graph is
+    being captured."""
+    if os.environ.get("RLKERNEL_VALIDATE", "1") == "0" or torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
@@ -62,5 +64,7 @@ def check_sample_args(logits, temperature, top_k, top_p, generator) -> None:
         raise ValueError(f"top_k must be a non-negative integer, got {top_k}")
     if not (0.0 < float(top_p) <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if logits.shape[-1] == 0 and logits.shape[:-1].numel() > 0:
+        raise ValueError("sample: a vocabulary of size 0 has no distribution")
     if generator is not None and generator.device.type != logits.device.type:
         raise ValueError(f"generator on {generator.device} but logits on {logits.device}")

@@ -188,10 +188,10 @@ def _sample_step(backend):
 
 # ---- checks against native on the same inputs ---------------------------------------------------------
 
-def _tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    # Both paths accumulate in float32 from the same rounded inputs; they differ only in summation order,
-    # so the error is a few float32 ulps of the log-sum-exp (|lse| ~ log V + max logit, i.e. ~10-30).
-    return (1e-4, 1e-5)
+# (atol, rtol) of fused vs native log-probs, the same for every logits dtype: both paths upcast the same rounded
+# inputs and accumulate in float32, so they differ only in summation order, a few float32 ulps of the
+# log-sum-exp (|lse| ~ log V + max logit, i.e. ~10-30 here).
+LOGP_TOLERANCE = (1e-4, 1e-5)
 
 
 def _compare_logp(inp) -> str | None:
@@ -200,7 +200,7 @@ def _compare_logp(inp) -> str | None:
     with torch.no_grad():
         got = logp(inp["logits"], inp["ids"], temperature=inp["temperature"], backend="auto")
         ref = logp(inp["logits"], inp["ids"], temperature=inp["temperature"], backend="native")
-    return _mismatch("logp", got, ref, *_tolerance(inp["logits"].dtype))
+    return _mismatch("logp", got, ref, *LOGP_TOLERANCE)
 
 
 def _compare_logp_bwd(inp) -> str | None:
@@ -210,7 +210,7 @@ def _compare_logp_bwd(inp) -> str | None:
     inp["logits"].grad = None
     # gradients are p - onehot in [-1, 1], rounded to the logits' dtype on the way out
     eps = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}.get(grad.dtype, 1e-5)
-    return _mismatch("logp", out, ref_out, *_tolerance(grad.dtype)) or _mismatch("grad", grad, ref_grad, eps, eps)
+    return _mismatch("logp", out, ref_out, *LOGP_TOLERANCE) or _mismatch("grad", grad, ref_grad, eps, eps)
 
 
 def _compare_sample(inp) -> str | None:
@@ -220,6 +220,12 @@ def _compare_sample(inp) -> str | None:
 
     ids = sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
                  generator=inp["generator"], backend="auto")
+    if inp["temperature"] == 0:  # greedy: exactly the first maximal id of each row
+        want = torch.argmax(inp["logits"], dim=-1)
+        if not torch.equal(ids, want):
+            row = int((ids != want).nonzero()[0])
+            return f"sample: row {row} drew id {int(ids[row])} at temperature 0, argmax is {int(want[row])}"
+        return None
     probs, order = filtered_probs(inp["logits"], inp["temperature"], inp["top_k"], inp["top_p"])
     kept = torch.zeros(inp["logits"].shape, dtype=torch.bool, device=ids.device).scatter_(-1, order, probs > 0)
     outside = ~kept.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
@@ -310,7 +316,9 @@ def _grpo_config(s: Shape, dtype, seed: int):
 
     from rlkernel.grpo import GRPOConfig
 
-    group = math.gcd(s.batch_size, 4)  # 4 samples per prompt when batch_size allows, else 2 or 1
+    group = math.gcd(s.batch_size, 4)  # 4 samples per prompt when batch_size allows, else 2
+    if group < 2:  # a group of one sample has zero advantage: the traced step would have no policy gradient
+        raise ValueError(f"grpo-step needs an even batch size (groups of >= 2 samples), got {s.batch_size}")
     return GRPOConfig(num_prompts=s.batch_size // group, samples_per_prompt=group, prompt_len=_GRPO_PROMPT_LEN,
                       completion_len=s.seq_len, vocab_size=s.vocab_size, hidden_dim=_GRPO_HIDDEN,
                       temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed, dtype=dtype)

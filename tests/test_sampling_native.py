@@ -87,3 +87,12 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="row 1"):
         rlkernel.sample(bad)
     assert rlkernel.sample(torch.randn(0, 5)).shape == (0,)
+    with pytest.raises(ValueError, match="vocabulary of size 0"):
+        rlkernel.sample(torch.randn(3, 0))
+    nan_row = logits.clone()
+    nan_row[1, 2] = float("nan")
+    for t in (0, 1.0):  # greedy or not, a NaN row has no distribution (never a silent id)
+        with pytest.raises(ValueError, match="row 1"):
+            rlkernel.sample(nan_row, temperature=t)
+        with pytest.raises(ValueError, match="row 1"):
+            rlkernel.sample(bad, temperature=t)

@@ -118,7 +118,7 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
         rows, ids, float(temperature), int(ignore_index), bool(return_entropy), bool(inplace_backward), requested)
     # One small copy, after the kernel: skipped while torch.compile traces (no data-dependent raise in a graph),
     # inside CUDA-graph capture and with RLKERNEL_VALIDATE=0 (the bad rows are NaN either way).
-    if rows.shape[0] and not torch.compiler.is_compiling() and validation_enabled():
+    if rows.shape[0] and validation_enabled():
         first = int(bad_pos.item())
         if first != NO_BAD_POSITION:
             raise bad_id_error(first, lead, int(ids[first]), logits.shape[-1])

@@ -30,6 +30,11 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
 
 def _draw(rows, temperature, top_k, top_p, generator):
     if temperature == 0:
+        top = rows.amax(dim=-1)
+        bad = torch.isnan(top) | (top == float("-inf"))  # a NaN, or no finite logit: no argmax to take
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0])
+            raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
         return torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
     probs, order = filtered_probs(rows, temperature, top_k, top_p)
     finite = torch.isfinite(probs).all(dim=-1)
