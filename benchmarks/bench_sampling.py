@@ -17,6 +17,7 @@ import argparse
 import datetime
 import os
 import statistics
+import sys
 
 import torch
 
@@ -52,7 +53,7 @@ def time_path(fn, inputs, reps):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3  # microseconds
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,32,64,128,256")
     ap.add_argument("--vocab", type=int, default=128256)
@@ -63,7 +64,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=200)
     args = ap.parse_args()
     if args.reps < 100:
-        raise SystemExit("--reps must be >= 100 (a median of at least 100 calls)")
+        print("bench_sampling: --reps must be >= 100 (a median of at least 100 calls)", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_sampling: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 3
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
@@ -88,7 +93,8 @@ def main() -> None:
                   flush=True)
             del inputs
     print("dispatch:", rlkernel.dispatch.history_json())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,7 +19,7 @@ mkdir -p "$out" "$logs"
 summary="$out/summary.txt"
 : > "$logs/steps.tsv"
 py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # scripts import the tree, installed or not
 gpu=${CUDA_VISIBLE_DEVICES:-0}
 export CUDA_VISIBLE_DEVICES=$gpu
 
@@ -87,13 +87,21 @@ stage_grpo() {
   step grpo-compare "$py" examples/grpo_single_gpu.py --device cuda --compare-backends --steps 20
 }
 
-stage_capture() {
-  step capture-fused "$py" -m pipelines.capture --workload logp-native --workload logp-fused \
-    --workload logp-fused-bwd --workload sampling-fused --tool all --batch-size 4 --seq-len 256 --vocab-size 32000 \
-    --repeat 3 --output-dir runs
-  step analyze-fused "$py" -m pipelines.analyze --require-fused
-  step capture-grpo "$py" -m pipelines.capture --workload grpo-step --repeat 2 --output-dir runs
-  step analyze-grpo "$py" -m pipelines.analyze --require-fused
+after_capture() {  # after_capture CAPTURE_STEP NAME COMMAND...: analyse only the run that capture just made
+  local verdict
+  verdict=$(awk -F'\t' -v s="$1" '$1 == s { v = $2 } END { print v }' "$logs/steps.tsv")
+  case $verdict in
+    pass) shift; step "$@" ;;
+    blocked) step "$2" sh -c "echo 'blocked: $1 was blocked, so there is no new run to analyse'; exit 3" ;;
+    *) step "$2" sh -c "echo 'not run: $1 failed, so the newest run under runs/ is not its run'; exit 1" ;;
+  esac
+}
+
+stage_capture() {  # the guide's commands (docs/hardware-profiling.md, sections 6 and 7), as printed there
+  step capture-logp "$py" -m pipelines.capture --workload logp-native --workload logp-fused --tool all
+  after_capture capture-logp analyze-logp "$py" -m pipelines.analyze
+  step capture-grpo "$py" -m pipelines.capture --workload grpo-step
+  after_capture capture-grpo analyze-grpo "$py" -m pipelines.analyze --require-fused
 }
 
 stage_example() {
