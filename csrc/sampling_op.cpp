@@ -24,7 +24,10 @@ rlkernel::PhiloxArgs philox_args(const std::optional<at::Generator>& generator, 
                                  uint64_t increment) {
   auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
       generator, at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(device_index)));
-  TORCH_CHECK(gen->device().index() == device_index, "rlkernel sample: the generator is on ", gen->device(),
+  // torch.Generator(device="cuda") carries no index (-1), and torch's own random ops accept it on any device;
+  // only an indexed generator on another device is refused.
+  const int gen_index = gen->device().index();
+  TORCH_CHECK(gen_index < 0 || gen_index == device_index, "rlkernel sample: the generator is on ", gen->device(),
               ", the logits on cuda:", device_index);
   at::PhiloxCudaState state;
   {

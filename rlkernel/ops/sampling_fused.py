@@ -45,22 +45,24 @@ def sample_fused(logits: torch.Tensor, *, temperature: float, top_k: int, top_p:
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
-    if logits.shape[-1] == 0 and lead.numel() > 0:
-        raise ValueError("sample: a vocabulary of size 0 has no distribution")
     rows = as_rows(logits)
     ids, first_bad = torch.ops.rlkernel.sample(rows, float(temperature), int(top_k), float(top_p), generator)
     # One 4-byte copy after the kernels, as the native path raises: skipped while torch.compile traces, inside
     # CUDA-graph capture and with RLKERNEL_VALIDATE=0 (the bad rows' ids are -1 then).
-    if rows.shape[0] and not torch.compiler.is_compiling() and validation_enabled():
+    if rows.shape[0] and validation_enabled():
         first = int(first_bad.item())
         if first != NO_BAD_ROW:
             raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
     ids = ids.view(lead)
     if not return_logprobs:
         return ids, None
-    from rlkernel.ops.logp import logp
+    from rlkernel.ops.logp_fused import logp_fused
 
-    lp = logp(logits, ids, temperature=float(temperature) if temperature > 0 else 1.0, backend="fused")
+    # the fused logp forward itself (same kernels, same bits as rlkernel.logp), without a dispatch record of its
+    # own: the log-probs are part of this sample call, as on the native path
+    with torch.no_grad():
+        lp, _ = logp_fused(logits, ids, temperature=float(temperature) if temperature > 0 else 1.0,
+                           ignore_index=-100, return_entropy=False, inplace_backward=False)
     return ids, lp
 
 
