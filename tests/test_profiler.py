@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -138,6 +139,21 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(writers.os, "fsync", fsync_then_fail)
     with pytest.raises(OSError, match="disk full"):
+        writers.write_reports(tmp_path, [], csv_out=True, json_out=True, command="x", node={}, generated_at="t")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_rename_of_the_second_file_leaves_nothing(tmp_path, monkeypatch):
+    real_replace, calls = os.replace, []
+
+    def replace_then_fail(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the CSV is in place, the JSON's rename fails: the CSV must go again
+            raise OSError("rename failed")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(writers.os, "replace", replace_then_fail)
+    with pytest.raises(OSError, match="rename failed"):
         writers.write_reports(tmp_path, [], csv_out=True, json_out=True, command="x", node={}, generated_at="t")
     assert list(tmp_path.iterdir()) == []
 

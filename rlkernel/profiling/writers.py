@@ -68,11 +68,16 @@ def write_reports(output_dir: Path, rows: list[dict], *, csv_out: bool, json_out
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
-        finals = []
-        for suffix, tmp in temps.items():
-            final = output_dir / f"{stem}{suffix}"
-            os.replace(tmp, final)
-            finals.append(final)
+        finals: list[Path] = []
+        try:
+            for suffix, tmp in temps.items():
+                final = output_dir / f"{stem}{suffix}"
+                os.replace(tmp, final)
+                finals.append(final)
+        except BaseException:
+            for final in finals:  # a pair is written whole or not at all: undo the renames already done
+                final.unlink(missing_ok=True)
+            raise
         return finals
     finally:
         for tmp in temps.values():
