@@ -1,5 +1,23 @@
 """Float64 references shared by the op tests: written independently of rlkernel's code paths."""
+import math
+
 import torch
+
+
+def chi_square_pvalue(counts, probs):
+    """Pearson chi-square p-value of observed ``counts`` against ``probs``, over the cells with expected count >= 5
+    (the rest pooled into one cell)."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    dof = max(int(keep.sum()) - 1, 1)
+    # Wilson-Hilferty approximation of the chi-square survival function (good for dof >= 1 at these sizes)
+    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def logp_ref(logits, ids, temperature=1.0, ignore_index=-100):

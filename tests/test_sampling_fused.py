@@ -1,10 +1,9 @@
 """The fused sampler (CUDA): the exact filtered law, kept sets at real vocabulary sizes, reproducibility,
 log-probs bit-equal to rlkernel.logp, the generator contract (offsets, CUDA graphs), torch.compile, bad rows."""
-import math
 
 import pytest
 import torch
-from reference import filtered_distribution
+from reference import chi_square_pvalue, filtered_distribution
 
 import rlkernel
 
@@ -27,21 +26,6 @@ def _need_fused():
 
 def _gen(seed):
     return torch.Generator(device="cuda").manual_seed(seed)
-
-
-def _chi_square_pvalue(counts, probs):
-    """Pearson chi-square p-value over the cells with expected count >= 5 (the rest pooled)."""
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum().reshape(1)])
-    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    dof = max(int(keep.sum()) - 1, 1)
-    # Wilson-Hilferty approximation of the chi-square survival function
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def _row(kind, vocab, seed):
@@ -102,7 +86,7 @@ def test_law_matches_exact_filtered_distribution(kind, vocab, top_k, top_p, temp
     if int((probs > 0).sum()) == 1:
         return  # a single kept token: every draw is it (checked just above)
     # p-value threshold 1e-5: a correct sampler fails one such case in 100,000; the seeds are fixed
-    assert _chi_square_pvalue(counts, probs) > 1e-5
+    assert chi_square_pvalue(counts, probs) > 1e-5
 
 
 def _kept_mask(logits, temperature, top_k, top_p, slack):
