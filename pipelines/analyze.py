@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import pathlib
 import sys
 
 import duckdb
 import pandas as pd
 
-# The exit codes come from the package, not rlkernel.cli (same values): rlkernel would import torch.
-from pipelines import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, analysis, report, sql, trace_db
+from pipelines import analysis, report, sql, trace_db
+from pipelines.cli import OneLineParser
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError
 
+# rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
 PROG = "pipelines.analyze"
 EXAMPLE_DIR = pathlib.Path(__file__).resolve().parent / "example"
 
@@ -26,7 +30,7 @@ class UsageError(Exception):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m pipelines.analyze",
         description="Analyze nsys SQLite exports with DuckDB: kernel and NVTX-range summaries equal to nsys stats, "
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
@@ -39,8 +43,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a run directory of pipelines.capture (trace.sqlite + manifest.json) "
                         "or any .sqlite nsys export")
     p.add_argument("--out", metavar="DIR", type=pathlib.Path,
-                   help="output directory (default: the run's report/, or reports/<trace stem>/); "
-                        "with several INPUTs, one subdirectory per input")
+                   help="output directory (default: the run's report/, or reports/<trace stem>/), replaced as a "
+                        "whole by the new set of outputs, so it may hold nothing else; with several INPUTs, one "
+                        "subdirectory per input")
     p.add_argument("--fused-pattern", metavar="GLOB", action="append", default=[],
                    help="kernel-name glob proving the fused path, added to the registry's and the manifest's "
                         "(default when none: rlkernel_*); matched against the short and the demangled name")
@@ -58,22 +63,88 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _status(run: pathlib.Path) -> str | None:
+    try:
+        data = json.loads((run / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("status") if isinstance(data, dict) else None
+
+
 def newest_run(root: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete run directory (names start with a UTC timestamp, so they sort by time)."""
+    """The newest complete run directory: its manifest says ``status: complete`` and it holds a trace (names
+    start with a UTC timestamp, so they sort by time; a failed run, ``-failed`` or ``-failed.2``, never counts)."""
     if not root.is_dir():
         return None
     runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and
-            not d.name.endswith("-failed") and (d / "trace.sqlite").is_file()]
+            (d / "trace.sqlite").is_file() and _status(d) == "complete"]
     return max(runs, key=lambda d: d.name, default=None)
 
 
-def read_manifest(path: pathlib.Path) -> dict:
+def read_json(path: pathlib.Path, what: str):
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise trace_db.TraceError(f"{path}: not a readable JSON manifest ({str(e).splitlines()[0][:160]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("workloads", []), list):
-        raise trace_db.TraceError(f"{path}: not a run manifest (no workloads list)")
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({str(e).splitlines()[0][:160]})") from None
+
+
+_INT_MAX = 2 ** 63 - 1  # the bytes/flops columns are BIGINT
+_KIND_NAMES = {str: "a string", list: "a list", dict: "an object"}
+
+
+def manifest_problem(data) -> str | None:
+    """What makes ``data`` not a run manifest the analyzer can read (docs/contracts.md, section 6), or None.
+
+    Only the fields the analyzer reads are checked, and only their shape: every later ``.get`` and ``int`` on
+    a manifest can then trust it."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("workloads", []), list):
+        return "workloads is not a list"
+    for i, w in enumerate(data.get("workloads", [])):
+        if not isinstance(w, dict):
+            return f"workloads[{i}] is not an object"
+        if not isinstance(w.get("name"), str) or not w["name"]:
+            return f"workloads[{i}] has no name"
+        for key in ("fused_ops", "fused_patterns"):
+            v = w.get(key, [])
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                return f"workloads[{i}].{key} is not a list of strings"
+        if not isinstance(w.get("path", ""), str):
+            return f"workloads[{i}].path is not a string"
+        for key in ("bytes", "flops"):
+            v = w.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _INT_MAX):
+                return f"workloads[{i}].{key} is {v!r}, not a non-negative integer"
+    if not isinstance(data.get("dispatch", []), list):
+        return "dispatch is not a list"
+    for i, r in enumerate(data.get("dispatch", [])):
+        if not isinstance(r, dict) or not isinstance(r.get("op"), str) or not isinstance(r.get("status"), str):
+            return f"dispatch[{i}] is not a record with op and status strings"
+    for key, kind in (("status", str), ("created_at", str), ("command", list), ("node", dict), ("tools", dict),
+                      ("env", dict)):
+        if data.get(key) is not None and not isinstance(data[key], kind):
+            return f"{key} is not {_KIND_NAMES[kind]}"
+    devices = (data.get("node") or {}).get("devices") or []
+    if not isinstance(devices, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("index", -1), int) for d in devices):
+        return "node.devices is not a list of records with an integer index"
+    return None
+
+
+def read_manifest(path: pathlib.Path) -> dict:
+    """The run's manifest, its shape checked once here; a TraceError naming the file otherwise."""
+    data = read_json(path, "manifest")
+    problem = manifest_problem(data)
+    if problem:
+        raise trace_db.TraceError(f"{path}: not a run manifest ({problem})")
+    return data
+
+
+def read_provenance(path: pathlib.Path) -> dict:
+    data = read_json(path, "provenance record")
+    if not isinstance(data, dict):
+        raise trace_db.TraceError(f"{path}: not a provenance record (a JSON {type(data).__name__}, not an object)")
     return data
 
 
@@ -88,7 +159,7 @@ def resolve(inp: pathlib.Path) -> analysis.Source:
             raise trace_db.TraceError(f"{inp}: run directory without a trace (no trace.sqlite){why}")
         prov = None
         if (inp / "recorded.json").is_file():
-            prov = json.loads((inp / "recorded.json").read_text())
+            prov = read_provenance(inp / "recorded.json")
         ncu = inp / "ncu.csv"
         return analysis.Source(trace, inp, manifest, ncu if ncu.is_file() else None, prov)
     if inp.suffix == ".nsys-rep":
@@ -134,22 +205,43 @@ def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str]) ->
     return files
 
 
+def check_outputs(outs: list[pathlib.Path]) -> None:
+    """Every output directory can be replaced as a whole, checked before any analysis: nothing is written
+    when one cannot."""
+    seen: dict[pathlib.Path, int] = {}
+    for out in outs:
+        key = pathlib.Path(os.path.abspath(out))
+        if key in seen:
+            raise UsageError(f"two INPUTs would write their reports to the same directory {out}; "
+                             "give them different names or run them one at a time")
+        seen[key] = 1
+        try:
+            report.check_target(out)
+        except report.OutputError as e:
+            raise UsageError(str(e)) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.threshold < 0:
-        raise UsageError(f"--threshold must be >= 0, got {args.threshold}")
+    if not math.isfinite(args.threshold) or args.threshold < 0:
+        raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     inputs = [pathlib.Path(i) for i in args.inputs] or [default_input()]
     sources = [resolve(i) for i in inputs]
+    base_src = resolve(args.compare) if args.compare is not None else None
+    outs = [out_dir_for(s, args.out, len(sources) > 1) for s in sources]
+    check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
     results = [analysis.analyze(s, patterns=args.fused_pattern, ranges=args.ranges) for s in sources]
     base = None
-    if args.compare is not None:
-        base = analysis.analyze(resolve(args.compare), patterns=args.fused_pattern, ranges=args.ranges)
+    if base_src is not None:
+        base = analysis.analyze(base_src, patterns=args.fused_pattern, ranges=args.ranges)
     rc = EXIT_OK
-    for res in results:
+    for res, out in zip(results, outs, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
         cmp = compare_frames(res, base, args.threshold) if base is not None else None
-        out = out_dir_for(res.source, args.out, len(results) > 1)
-        written = report.write_atomic(out, outputs(res, cmp, fails))
+        try:
+            written = report.replace_dir(out, outputs(res, cmp, fails))
+        except report.OutputError as e:
+            raise UsageError(str(e)) from None
         print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
             print(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_proj_gpu_ns)} GPU each)")
@@ -165,9 +257,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)  # argparse exits 2 on bad usage, as the contract asks
     try:
+        args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
         return run(args)
+    except CliError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return e.code
     except (trace_db.TraceError, UsageError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_USAGE

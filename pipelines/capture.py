@@ -10,7 +10,10 @@ traced (nsys) child's dispatch history; every child step also keeps its own unde
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
+import math
 import os
 import pathlib
 import subprocess
@@ -18,7 +21,8 @@ import sys
 import time
 
 from pipelines import ncu_csv, runs, tools
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, fail
+from pipelines.cli import OneLineParser
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, fail
 
 PROG = "pipelines.capture"
 HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs
@@ -26,24 +30,23 @@ _KEYS = ("op", "requested", "backend", "status", "reason")  # a dispatch record'
 _ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
 EPILOG = """\
-exit codes: 0 run complete (and, with --require-fused, every fused workload ran fused); 1 the capture
-failed (the run is kept as <name>-failed/ with the error in its manifest) or --require-fused found a fused
-workload that did not run fused; 2 bad arguments; 3 this machine lacks something (no CUDA device, no
-nsys/ncu, nsys's importer cannot start, the nvtx package, the analyzer for --require-fused).
+exit codes (docs/contracts.md, section 5):
+  0  the run is complete (and, with --require-fused, every fused workload ran fused)
+  1  a check you asked for failed: the capture itself (the run is kept as <name>-failed/ with the error in
+     its manifest), or --require-fused: a fused workload did not run fused, or the new trace could not be
+     analysed (the analyzer's exit 2: the line says why; the run is kept either way)
+  2  bad arguments
+  3  this machine lacks something: no CUDA device, no nsys/ncu, nsys's importer cannot start, the nvtx
+     package, or what the analyzer needs for --require-fused (its exit 3: the DuckDB sqlite extension)
 On the project's GPU node run `source .node-kit/env.sh` first: it puts the nsys bundled with Nsight Compute
 and the libraries its importer needs in place."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (contracts, section 5), not argparse's usage block
-        raise CliError(f"{message} (see --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from rlkernel import workloads
 
-    ap = _Parser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
-                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", action="append", metavar="NAME", required=True,
                     help=f"registry workload, repeatable: {', '.join(workloads.names())}")
     ap.add_argument("--tool", choices=("nsys", "ncu", "all"), default="nsys", help="profiler(s) to run (default nsys)")
@@ -61,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nsys", metavar="PATH", help="nsys to use (else $NSYS, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--ncu", metavar="PATH", help="ncu to use (else $NCU, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--require-fused", action="store_true",
-                    help="after the capture, run the analyzer's verdict on it; exit 1 unless every fused workload "
-                         "ran fused (the run is kept either way)")
+                    help="after the capture, run the analyzer's verdict on it: exit 1 when a fused workload did not "
+                         "run fused or the trace could not be analysed (analyzer exit 1 or 2), 3 when the analyzer "
+                         "is blocked (its exit 3); the run is kept either way")
     ap.add_argument("--keep-ncu-rep", action="store_true",
                     help="keep ncu's reports ncu-<workload>.ncu-rep in the run (for ncu-ui; they embed the kernels' "
                          "modules, ~100 MB each for PyTorch's kernels); by default only ncu.csv is kept")
@@ -85,11 +89,11 @@ def validate(args) -> None:
     for flag in ("warmup", "top_k"):
         if getattr(args, flag) < 0:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
-    if not 0 < args.top_p <= 1:
+    if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
     logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
-    if args.temperature < 0 or (logp_ops and args.temperature == 0):
-        raise CliError(f"--temperature must be > 0 (>= 0 for sampling only), got {args.temperature}")
+    if not math.isfinite(args.temperature) or args.temperature < 0 or (logp_ops and args.temperature == 0):
+        raise CliError(f"--temperature must be a finite number > 0 (>= 0 for sampling only), got {args.temperature}")
 
 
 # ---- command lines ---------------------------------------------------------------------------------------
@@ -261,20 +265,58 @@ def preflight(args, environ) -> dict:
     return found
 
 
-def require_fused(final: pathlib.Path, manifest: dict) -> int:
-    """The analyzer's verdict on the finished run (its exit code), recorded as a step of the run's manifest."""
+class _Tee(io.TextIOBase):
+    """stderr for the analyzer's run: shown as usual and kept, to name its reason in capture's own line."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self):
+        for s in self.streams:
+            s.flush()
+
+
+def analyze_verdict(final: pathlib.Path) -> tuple[int, str]:
+    """The analyzer's exit code on the finished run with --require-fused, and its last error line."""
     from pipelines import analyze
 
     argv = [str(final), "--require-fused"]
+    kept = io.StringIO()
+    with contextlib.redirect_stderr(_Tee(sys.stderr, kept)):
+        try:
+            rc = int(analyze.main(argv) or 0)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else EXIT_USAGE
+        except Exception as e:  # noqa: BLE001 - an analyzer bug: the run is complete, the verdict is not
+            print(f"{analyze.PROG}: {type(e).__name__}: {e}", file=sys.stderr)
+            rc = EXIT_USAGE
+    lines = [ln for ln in kept.getvalue().splitlines() if ln.startswith(f"{analyze.PROG}: ")]
+    why = lines[-1][len(analyze.PROG) + 2:] if lines else "no reason given"
+    return rc, why
+
+
+def require_fused(final: pathlib.Path, manifest: dict) -> tuple[int, str]:
+    """The analyzer's verdict on the finished run, recorded as a step of the run's manifest (with the analyzer's
+    own exit code), mapped to capture's: analyzer 0 -> 0; 1 (not fused) -> 1; 2 (the trace could not be
+    analysed) -> 1, a check asked for failed; 3 (blocked: no sqlite extension) -> 3. Returns (code, message)."""
     t = time.monotonic()
-    try:
-        rc = int(analyze.main(argv) or 0)
-    except SystemExit as e:  # its argparse refused the arguments
-        rc = e.code if isinstance(e.code, int) else EXIT_CHECK_FAILED
+    rc, why = analyze_verdict(final)
+    argv = [str(final), "--require-fused"]
     manifest["steps"].append({"name": "analyze --require-fused", "command": ["python", "-m", "pipelines.analyze",
                               *argv], "exit_code": rc, "seconds": round(time.monotonic() - t, 3)})
     runs.write_json_atomic(final / "manifest.json", manifest)
-    return rc
+    if rc == EXIT_OK:
+        return EXIT_OK, ""
+    if rc == EXIT_CHECK_FAILED:
+        return EXIT_CHECK_FAILED, "--require-fused: a fused workload did not run fused (the lines above say which)"
+    if rc == EXIT_BLOCKED:
+        return EXIT_BLOCKED, f"--require-fused: the analyzer is blocked on this machine: {why}"
+    return EXIT_CHECK_FAILED, f"--require-fused: the new trace could not be analysed: {why}"
 
 
 def main(argv=None) -> int:
@@ -323,9 +365,9 @@ def capture(args, argv, found, environ) -> int:
     cap.progress(f"complete: {final}")
     print(str(final))
     if args.require_fused:
-        rc = require_fused(final, run.manifest)
-        if rc != 0:
-            return fail(PROG, f"--require-fused: the analyzer's verdict exited {rc} (run kept at {final})", rc)
+        rc, msg = require_fused(final, run.manifest)
+        if rc != EXIT_OK:
+            return fail(PROG, f"{msg} (run kept at {final})", rc)
     return EXIT_OK
 
 

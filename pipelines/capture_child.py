@@ -13,14 +13,15 @@ import os
 import sys
 import time
 
-from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, fail
+from pipelines.cli import OneLineParser
+from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, CliError, fail
 
 PROG = "pipelines.capture_child"
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", required=True)
     ap.add_argument("--batch-size", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
@@ -75,7 +76,10 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except CliError as e:
+        return fail(PROG, str(e), e.code)
     from rlkernel import FusedKernelUnavailable
 
     try:

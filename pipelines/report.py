@@ -1,4 +1,4 @@
-"""Rendering: CSV tables and one self-contained HTML report (Jinja, autoescaped), written atomically.
+"""Rendering: CSV tables and one self-contained HTML report (Jinja, autoescaped), swapped in as one directory.
 
 Every string that reaches the HTML passes Jinja's autoescape (kernel names are full of ``<>&``); nothing in
 the page loads from the network (inline CSS and SVG). The environment block shows an allow-list of fields
@@ -12,6 +12,7 @@ import io
 import os
 import pathlib
 import re
+import shutil
 import tempfile
 
 import jinja2
@@ -68,25 +69,78 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
     return buf.getvalue().encode()
 
 
-def write_atomic(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.Path]:
-    """Each file goes to a temporary name in out_dir first and is renamed over the target: a reader never
-    sees half a file, and a crash leaves the previous report whole."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    umask = os.umask(0)
-    os.umask(umask)  # mkstemp makes 0600 files; reports get the usual mode
-    written = []
-    for name, data in files.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out_dir)
+# Every file the analyzer may write into an output directory: a directory holding anything else is not one of
+# its reports, and is never replaced.
+OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
+                          "bandwidth.csv", "compare.csv", "report.html"})
+
+
+class OutputError(Exception):
+    """An output directory that cannot be (re)written; the message names it."""
+
+
+def check_target(out_dir: pathlib.Path) -> None:
+    """Raise OutputError unless ``out_dir`` can be replaced by a new report: absent, or a directory holding
+    only the analyzer's own outputs, below directories, and not the current directory or one above it."""
+    out = pathlib.Path(os.path.abspath(out_dir))
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise OutputError(f"{out_dir}: {'exists' if p == out else f'{p} exists'} and is not a directory")
+    cwd = pathlib.Path.cwd().resolve()
+    if out.resolve() == cwd or out.resolve() in cwd.parents:
+        raise OutputError(f"{out_dir}: the current directory or one above it; the report replaces its output "
+                          "directory as a whole, so give a directory of its own")
+    if out.is_dir():
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, out_dir / name)
+            foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUT_NAMES or not p.is_file())
+        except OSError as e:
+            raise OutputError(f"{out_dir}: cannot read it ({e.strerror})") from None
+        if foreign:
+            raise OutputError(f"{out_dir}: holds {len(foreign)} entries the analyzer did not write "
+                              f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); the report "
+                              "replaces its output directory as a whole, so give an empty or new directory")
+
+
+def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.Path]:
+    """Write the whole output set into a temporary sibling directory, then swap it in for ``out_dir``: a reader
+    sees the previous complete set or the new one, never a mix (no compare.csv of an earlier --compare next to
+    a newer report), and a failure leaves the previous set (or, at worst, a crash between the two renames, none).
+    ``check_target`` first: a directory holding anything but reports is never replaced."""
+    check_target(out_dir)
+    out = pathlib.Path(os.path.abspath(out_dir))
+    if out.is_symlink():
+        out = out.resolve()  # replace the directory the link points at, keep the link
+    umask = os.umask(0)
+    os.umask(umask)  # mkdtemp makes a 0700 directory; reports get the usual modes
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
+    old = None
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        os.chmod(tmp, 0o777 & ~umask)
+        if out.exists():
+            old = tmp.with_name(tmp.name.replace(".new-", ".old-", 1))
+            os.rename(out, old)
+        try:
+            os.rename(tmp, out)
         except BaseException:
-            pathlib.Path(tmp).unlink(missing_ok=True)
+            if old is not None:
+                os.rename(old, out)
+                old = None
             raise
-        written.append(out_dir / name)
-    return written
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(f"{out_dir}: cannot write the report ({e.strerror or e})") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return [pathlib.Path(out_dir) / name for name in files]
 
 
 def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS) -> dict:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import csv
 import json
+import pathlib
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +15,7 @@ from pipelines import analysis, analyze, trace_db
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def main(*argv):
@@ -121,9 +125,120 @@ def test_nsys_rep_says_how_to_export(tmp_path, capsys):
 
 def test_bad_threshold_and_unknown_option(tmp_path, capsys):
     assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "-1")
-    with pytest.raises(SystemExit) as e:
-        main("--no-such-option")
-    assert e.value.code == 2
+    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "nan")
+    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "inf")
+    assert "unrecognized arguments: --no-such-option" in _bad(tmp_path, capsys, "--no-such-option")
+    assert "invalid float value" in _bad(tmp_path, capsys, "--threshold", "abc")
+
+
+def test_unknown_option_in_a_process_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "pipelines.analyze", "--bogus"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == ["pipelines.analyze: unrecognized arguments: --bogus (see --help)"]
+
+
+def test_help_starts_without_torch():
+    # rlkernel.cli (the exit codes) is torch-free; importing torch costs seconds the analyzer of a bare trace
+    # should not pay
+    code = ("import sys\nfrom pipelines import analyze\ntry:\n    analyze.main(['--help'])\n"
+            "except SystemExit:\n    pass\nprint('TORCH-LOADED' if 'torch' in sys.modules else 'TORCH-FREE')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "TORCH-FREE"
+
+
+@pytest.mark.parametrize("manifest, words", [
+    ({"workloads": [{}]}, "workloads[0] has no name"),
+    ([1], "a JSON list, not an object"),
+    ({"workloads": [1]}, "workloads[0] is not an object"),
+    ({"workloads": {"name": "x"}}, "workloads is not a list"),
+    ({"workloads": [{"name": "logp-native", "bytes": "x"}]}, "workloads[0].bytes is 'x'"),
+    ({"workloads": [{"name": "logp-native", "bytes": -1}]}, "workloads[0].bytes is -1"),
+    ({"workloads": [{"name": "logp-native", "flops": 1.5}]}, "workloads[0].flops is 1.5"),
+    ({"workloads": [{"name": "logp-fused", "fused_ops": "logp.forward"}]}, "fused_ops is not a list of strings"),
+    ({"dispatch": 5}, "dispatch is not a list"),
+    ({"dispatch": [{"op": 1, "status": "native"}]}, "dispatch[0] is not a record"),
+    ({"node": []}, "node is not an object"),
+    ({"node": {"devices": [{"index": "0"}]}}, "node.devices"),
+    ({"command": "python x"}, "command is not a list"),
+])
+def test_malformed_manifest_is_one_line_exit_2(tmp_path, capsys, manifest, words):
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "verdicts", run)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    msg = _bad(tmp_path, capsys, run)
+    assert "manifest.json: not a run manifest" in msg and words in msg, msg
+
+
+def test_corrupt_recorded_json_is_one_line_exit_2(tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "verdicts", run)
+    (run / "recorded.json").write_text("{cut")
+    assert "recorded.json: not a readable JSON provenance record" in _bad(tmp_path, capsys, run)
+    (run / "recorded.json").write_text("[1, 2]")
+    assert "recorded.json: not a provenance record" in _bad(tmp_path, capsys, run)
+
+
+def test_out_that_is_a_file_is_one_line_exit_2(tmp_path, capsys):
+    f = tmp_path / "taken"
+    f.write_text("mine")
+    assert main(DATA / "nvtx_mix", "--out", f) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "taken: exists and is not a directory" in err[0], err
+    assert f.read_text() == "mine"
+    assert main(DATA / "nvtx_mix", "--out", f / "sub") == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_out_holding_other_files_is_never_replaced(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep")
+    assert main(DATA / "nvtx_mix", "--out", out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "entries the analyzer did not write (notes.txt)" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_stale_outputs_of_an_earlier_run_do_not_survive(tmp_path):
+    out = tmp_path / "rep"
+    assert main(DATA / "verdicts", "--compare", DATA / "verdicts", "--out", out) == 0
+    assert (out / "compare.csv").is_file()
+    assert main(DATA / "nvtx_mix", "--out", out) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert "compare.csv" not in names and "bandwidth.csv" not in names  # nvtx_mix has no manifest
+    assert names == ["dispatch.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv", "report.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary sibling left
+
+
+def test_a_failed_write_leaves_the_previous_set_whole(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "rep"
+    assert main(DATA / "verdicts", "--out", out) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real, calls = pathlib.Path.write_bytes, []
+
+    def flaky(self, data):
+        calls.append(self.name)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real(self, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", flaky)
+    assert main(DATA / "nvtx_mix", "--out", out) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("analyze: ")]  # progress
+    assert len(err) == 1 and "cannot write the report (No space left on device)" in err[0], err
+    assert "Traceback" not in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
+
+
+def test_two_inputs_with_one_output_directory_are_refused(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        shutil.copy(DATA / "nvtx_mix" / "trace.sqlite", d / "trace.sqlite")
+    assert "same directory" in _bad(tmp_path, capsys, a / "trace.sqlite", b / "trace.sqlite")
 
 
 def test_missing_extension_is_blocked_with_the_install_line(tmp_path, capsys, monkeypatch):
@@ -138,12 +253,15 @@ def test_missing_extension_is_blocked_with_the_install_line(tmp_path, capsys, mo
     assert not (tmp_path / "x").exists()
 
 
-def test_exit_codes_are_the_contracts():
+def test_exit_codes_are_defined_once():
     import pipelines
+    from pipelines import capture
     from rlkernel import cli
 
-    assert (pipelines.EXIT_OK, pipelines.EXIT_CHECK_FAILED, pipelines.EXIT_USAGE, pipelines.EXIT_BLOCKED) == (
-        cli.EXIT_OK, cli.EXIT_CHECK_FAILED, cli.EXIT_USAGE, cli.EXIT_BLOCKED)
+    assert not [n for n in dir(pipelines) if n.startswith("EXIT_")]  # no copy of rlkernel.cli's constants
+    for mod in (analyze, capture):
+        assert (mod.EXIT_OK, mod.EXIT_CHECK_FAILED, mod.EXIT_USAGE, mod.EXIT_BLOCKED) == (
+            cli.EXIT_OK, cli.EXIT_CHECK_FAILED, cli.EXIT_USAGE, cli.EXIT_BLOCKED)
 
 
 def test_help_is_true(capsys):
@@ -165,6 +283,13 @@ def test_default_input_is_the_newest_complete_run(tmp_path, monkeypatch):
     shutil.copytree(DATA / "verdicts", runs / "20260102T000000Z-new")
     shutil.copytree(DATA / "no_cuda", runs / "20260103T000000Z-newer-failed")
     (runs / ".20260104T000000Z-building.tmp-1").mkdir()
+    # a failed run of the same second (the collision suffix hides "-failed") and a run without a manifest
+    failed = runs / "20260105T000000Z-logp-fused-failed.2"
+    shutil.copytree(DATA / "verdicts", failed)
+    m = json.loads((failed / "manifest.json").read_text())
+    (failed / "manifest.json").write_text(json.dumps(dict(m, status="failed", error="nsys export died")))
+    shutil.copytree(DATA / "no_nvtx", runs / "20260106T000000Z-no-manifest")
+    assert analyze.newest_run(runs) == runs / "20260102T000000Z-new"
     assert main() == 0
     assert (runs / "20260102T000000Z-new" / "report" / "dispatch.csv").is_file()
     assert not (runs / "20260101T000000Z-old" / "report").exists()

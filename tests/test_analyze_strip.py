@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import pathlib
 import socket
 import sqlite3
@@ -58,9 +59,76 @@ def test_strip_blanks_environment_strings_in_the_string_table(tmp_path):
     assert rows == {1: "", 2: "op.logp.forward", 3: "void f<a = 1>(int)"}
 
 
-def test_committed_fixtures_hold_no_environment():
+ABSOLUTE = ("/opt/", "/tmp/", "/usr/", "/root/", "/work/", "/home/")
+
+
+def test_strip_scrubs_absolute_paths_in_every_text_column(tmp_path):
+    src, dst = tmp_path / "src.sqlite", tmp_path / "it's a copy.sqlite"  # a quote in the name: VACUUM INTO binds
+    kernel = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, T1, T2)"
+    con = sqlite3.connect(src)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [
+        (1, kernel), (2, "op.logp.forward"), (3, "kworker/0:1-mm_percpu_wq"),
+        (4, "Loaded CUPTI library: /opt/nvidia/nsight-compute/2025.3.1/host/libcupti.so.13.0"),
+        (5, "see /tmp/nvidia/nsight_systems/quadd_session_1/streams/pid_7_stdout.log and stderr.log"),
+        (6, "a/b relative stays")])
+    con.execute("CREATE TABLE PROCESSES (globalPid INTEGER, pid INTEGER, name)")  # no declared type
+    con.execute("INSERT INTO PROCESSES VALUES (1, 7, '/opt/torch/.venv/bin/python3')")
+    con.execute("CREATE TABLE ANALYSIS_FILE (id INTEGER, filename TEXT)")
+    con.execute("INSERT INTO ANALYSIS_FILE VALUES (1, '/tmp/nvidia/nsight_systems/quadd_session_1/x.log')")
+    con.execute("CREATE TABLE META_DATA_CAPTURE (name TEXT, value TEXT)")
+    con.executemany("INSERT INTO META_DATA_CAPTURE VALUES (?, ?)", [
+        ("PROCESS_0:COMMAND", "/opt/torch/.venv/bin/python3"), ("PROCESS_0:ARGS", "-m x --out=/root/y/z.json"),
+        ("PROCESS_0:ENVIRONMENT_VARIABLES", "HOME=/root")])
+    con.commit()
+    con.close()
+    load_tool().strip(str(src), str(dst), [])
+    con = sqlite3.connect(dst)
+    strings = dict(con.execute("SELECT id, value FROM StringIds"))
+    assert strings == {1: kernel, 2: "op.logp.forward", 3: "kworker/0:1-mm_percpu_wq",
+                       4: "Loaded CUPTI library: <path>/libcupti.so.13.0",
+                       5: "see <path>/pid_7_stdout.log and stderr.log", 6: "a/b relative stays"}
+    assert con.execute("SELECT name FROM PROCESSES").fetchone()[0] == "<path>/python3"
+    assert con.execute("SELECT filename FROM ANALYSIS_FILE").fetchone()[0] == "<path>/x.log"
+    assert dict(con.execute("SELECT name, value FROM META_DATA_CAPTURE")) == {
+        "PROCESS_0:COMMAND": "<path>/python3", "PROCESS_0:ARGS": "-m x --out=<path>/z.json"}
+    assert not any(a in line for line in con.iterdump() for a in ABSOLUTE)
+
+
+def test_strip_refuses_to_overwrite_its_source(tmp_path):
+    src = tmp_path / "t.sqlite"
+    sqlite3.connect(src).execute("CREATE TABLE t (x TEXT)").connection.commit()
+    with pytest.raises(ValueError, match="same file"):
+        load_tool().strip(str(src), str(tmp_path / "." / "t.sqlite"), [])
+    assert src.stat().st_size > 0  # not deleted first
+
+
+def test_strip_manifest_scrubs_command_steps_and_tools(tmp_path):
+    m = {"status": "complete", "command": ["/opt/torch/.venv/bin/python3", "-m", "pipelines.capture"],
+         "tools": {"nsys": {"path": "/opt/nvidia/nsight-compute/2025.3.1/host/target-linux-x64/nsys",
+                            "version": "2025.3.1"}},
+         "steps": [{"name": "nsys profile", "command": ["/usr/local/cuda/bin/ncu", "-o", "runs/x/ncu"],
+                    "exit_code": 0}],
+         "workloads": [{"name": "logp-fused", "fused_patterns": ["rlkernel_*"], "bytes": 10}]}
+    src, dst = tmp_path / "src.json", tmp_path / "manifest.json"
+    src.write_text(json.dumps(m, indent=1))
+    load_tool().strip_manifest(str(src), str(dst))
+    out = json.loads(dst.read_text())
+    assert out["command"] == ["<path>/python3", "-m", "pipelines.capture"]
+    assert out["tools"]["nsys"] == {"path": "<path>/nsys", "version": "2025.3.1"}
+    assert out["steps"][0]["command"] == ["<path>/ncu", "-o", "runs/x/ncu"]
+    assert out["workloads"] == m["workloads"] and out["status"] == "complete"
+    with pytest.raises(ValueError, match="same file"):
+        load_tool().strip_manifest(str(dst), str(dst))
+
+
+def _fixtures(pattern):
     root = TOOL.parent.parent.parent
-    fixtures = [*root.glob("tests/data/**/*.sqlite"), *root.glob("pipelines/example/*.sqlite")]
+    return [*root.glob(f"tests/data/**/{pattern}"), *root.glob(f"pipelines/example/{pattern}")]
+
+
+def test_committed_fixtures_hold_no_environment():
+    fixtures = _fixtures("*.sqlite")
     assert fixtures
     for f in fixtures:
         con = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
@@ -70,3 +138,19 @@ def test_committed_fixtures_hold_no_environment():
         env = con.execute("SELECT count(*) FROM StringIds WHERE value GLOB '[A-Z_]*=*' "
                           "AND substr(value, 1, instr(value, '=') - 1) NOT GLOB '*[^A-Za-z0-9_]*'").fetchone()[0]
         assert env == 0, f"{f} holds environment strings"
+
+
+def test_committed_fixtures_hold_no_absolute_paths():
+    fixtures = _fixtures("*.sqlite")
+    assert fixtures
+    for f in fixtures:
+        con = sqlite3.connect(f"file:{f}?mode=ro", uri=True)
+        for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+            for c in [r[1] for r in con.execute(f'PRAGMA table_info("{t}")')]:
+                for (v,) in con.execute(f'SELECT DISTINCT "{c}" FROM "{t}" WHERE typeof("{c}") = \'text\''):
+                    assert not any(a in v for a in ABSOLUTE), f"{f}: {t}.{c} holds {v[:120]!r}"
+    manifests = [*_fixtures("manifest.json"), *_fixtures("recorded.json")]
+    assert len(manifests) >= 3
+    for f in manifests:
+        text = f.read_text()
+        assert not any(a in text for a in ABSOLUTE), f"{f} holds an absolute path"

@@ -123,6 +123,12 @@ def test_command_lines():
     (["--workload", "logp-fused", "--temperature", "0"], "--temperature"),
     (["--workload", "logp-fused", "--tool", "perf"], "--tool"),
     (["--workload", "logp-fused", "--workload", "logp-fused"], "twice"),
+    (["--workload", "logp-fused", "--temperature", "nan"], "--temperature"),
+    (["--workload", "sampling-native", "--temperature", "nan"], "--temperature"),
+    (["--workload", "logp-fused", "--temperature", "inf"], "--temperature"),
+    (["--workload", "logp-fused", "--top-p", "nan"], "--top-p"),
+    (["--workload", "logp-fused", "--bogus"], "unrecognized arguments: --bogus"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, words, capsys):
     assert capture.main(argv) == EXIT_USAGE
@@ -138,6 +144,18 @@ def test_cli_process_exit_codes_and_help():
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     out = subprocess.run([sys.executable, "-m", "pipelines.capture", "--help"], capture_output=True, text=True)
     assert out.returncode == EXIT_OK and "--require-fused" in out.stdout and "exit codes" in out.stdout
+    # exit 1 as the contract defines it, and --require-fused's mapping of the analyzer's codes
+    assert "1  a check you asked for failed" in out.stdout and "could not be analysed" in out.stdout
+    bogus = subprocess.run([sys.executable, "-m", "pipelines.capture", "--bogus"], capture_output=True, text=True)
+    assert bogus.returncode == EXIT_USAGE and bogus.stdout == ""
+    assert bogus.stderr.strip().splitlines() == ["pipelines.capture: unrecognized arguments: --bogus (see --help)"]
+
+
+@pytest.mark.smoke
+def test_child_bad_arguments_are_one_line_exit_2(capsys):
+    assert capture_child.main(["--bogus"]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["pipelines.capture_child: unrecognized arguments: --bogus (see --help)"]
 
 
 @pytest.mark.smoke
@@ -245,6 +263,62 @@ def test_require_fused_verdict_on_a_real_h200_run(tmp_path):
     run = tmp_path / RUN.name
     shutil.copytree(RUN, run)
     manifest = json.loads((run / "manifest.json").read_text())
-    assert capture.require_fused(run, manifest) == EXIT_CHECK_FAILED
+    rc, msg = capture.require_fused(run, manifest)
+    assert rc == EXIT_CHECK_FAILED and "did not run fused" in msg
     step = json.loads((run / "manifest.json").read_text())["steps"][-1]
     assert (step["name"], step["exit_code"]) == ("analyze --require-fused", EXIT_CHECK_FAILED)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("analyzer_rc, line, want_rc, words", [
+    (0, None, EXIT_OK, ""),
+    (1, "not fused: workload rlkernel:logp-fused #1: fallback", EXIT_CHECK_FAILED, "did not run fused"),
+    (2, "x/trace.sqlite: truncated SQLite file", EXIT_CHECK_FAILED,
+     "the new trace could not be analysed: x/trace.sqlite: truncated SQLite file"),
+    (3, "the DuckDB sqlite extension is missing: pip install it", EXIT_BLOCKED,
+     "blocked on this machine: the DuckDB sqlite extension is missing"),
+])
+def test_require_fused_maps_the_analyzers_exit_codes(tmp_path, monkeypatch, capsys, analyzer_rc, line, want_rc,
+                                                      words):
+    from pipelines import analyze
+
+    def fake_main(argv):
+        if line:
+            print(f"{analyze.PROG}: {line}", file=sys.stderr)
+        return analyzer_rc
+
+    monkeypatch.setattr(analyze, "main", fake_main)
+    run = tmp_path / "run"
+    run.mkdir()
+    manifest = {"steps": []}
+    rc, msg = capture.require_fused(run, manifest)
+    assert rc == want_rc and words in msg
+    if line:
+        assert line in capsys.readouterr().err  # the analyzer's own line is still shown
+    step = json.loads((run / "manifest.json").read_text())["steps"][-1]
+    assert step["exit_code"] == analyzer_rc  # the manifest keeps what the analyzer said
+
+
+@pytest.mark.smoke
+def test_require_fused_survives_an_analyzer_crash(tmp_path, monkeypatch):
+    from pipelines import analyze
+
+    def boom(argv):
+        raise TypeError("unforeseen")
+
+    monkeypatch.setattr(analyze, "main", boom)
+    (tmp_path / "run").mkdir()
+    rc, msg = capture.require_fused(tmp_path / "run", {"steps": []})
+    assert rc == EXIT_CHECK_FAILED and "could not be analysed: TypeError: unforeseen" in msg
+
+
+def test_require_fused_on_a_trace_the_analyzer_cannot_read_exits_1(fakes, capsys):
+    # the fake nsys exports an SQLite file that is no nsys export: the analyzer's exit 2 is capture's 1
+    pytest.importorskip("duckdb")
+    assert run_capture(fakes / "runs", "--require-fused") == EXIT_CHECK_FAILED
+    run = only_run(fakes / "runs")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("pipelines.capture: --require-fused: the new trace could not be analysed: ")
+    assert "not an nsys export" in last and f"run kept at {run}" in last
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "complete" and m["steps"][-1]["exit_code"] == EXIT_USAGE
