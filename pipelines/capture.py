@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=512, help="ignored by sampling workloads (one row per sequence)")
     ap.add_argument("--vocab-size", type=int, default=128256)
-    ap.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="bfloat16")
+    ap.add_argument("--dtype", choices=tuple(workloads.DTYPES), default="bfloat16")
     ap.add_argument("--top-k", type=int, default=50, help="sampling: keep the k most probable (0 = all)")
     ap.add_argument("--top-p", type=float, default=0.9, help="sampling: nucleus mass, in (0, 1]")
     ap.add_argument("--temperature", type=float, default=1.0)

@@ -17,10 +17,11 @@ from pipelines.cli import OneLineParser
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, CliError, fail
 
 PROG = "pipelines.capture_child"
-DTYPES = ("float32", "float16", "bfloat16")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rlkernel.workloads import DTYPES
+
     ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0])
     ap.add_argument("--workload", action="append", required=True)
     ap.add_argument("--batch-size", type=int, required=True)
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=int, required=True)
     ap.add_argument("--top-p", type=float, required=True)
     ap.add_argument("--temperature", type=float, required=True)
-    ap.add_argument("--dtype", choices=DTYPES, required=True)
+    ap.add_argument("--dtype", choices=tuple(DTYPES), required=True)
     ap.add_argument("--warmup", type=int, required=True)
     ap.add_argument("--repeat", type=int, required=True)
     ap.add_argument("--seed", type=int, required=True)
@@ -53,7 +54,7 @@ def run(args) -> dict:
     if nvtx_ranges._nvtx is None:
         raise RuntimeError("blocked: the nvtx Python package is missing, the trace would have no workload ranges")
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype)
+    dtype = workloads.DTYPES[args.dtype]
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
     dispatch.reset()
     timings = []

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 import rlkernel
 from rlkernel import dispatch
+from rlkernel.workloads import DTYPES
 
 EOS = 0  # token id that ends a completion; later tokens are masked out of the loss
 IGNORE = -100  # ignore_index handed to rlkernel.logp for masked positions
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ import torch
 from rlkernel import dispatch
 from rlkernel.nvtx_ranges import workload_range
 
+# The logits dtypes every workload, CLI and example accepts, by the names their --dtype flags take.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -17,7 +17,6 @@ from rlkernel.profiling.summary import progress_line, table
 from rlkernel.profiling.writers import write_reports
 
 PROG = "run_profile_suite.py"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 SMOKE = {"batch_sizes": (2,), "seq_lens": (4,), "vocab_sizes": (32,), "dtype": "float32", "warmup": 0, "repeat": 1}
 DEFAULTS = {"batch_sizes": (8, 16, 32), "seq_lens": (128, 512), "vocab_sizes": (4096, 128256), "warmup": 3,
             "repeat": 10}
@@ -70,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
         "but not fused; 2 on bad flags; 3 when the device is missing or --require-fused cannot be met here."))
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    ap.add_argument("--dtype", choices=list(DTYPES), help="logits dtype (default: float16 on cuda, float32 on cpu)")
+    ap.add_argument("--dtype", choices=list(workloads.DTYPES), help="logits dtype (default: float16 on cuda, float32 on cpu)")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated (default 8,16,32)")
     ap.add_argument("--seq-lens", type=_int_list,
                     help="comma-separated (default 128,512); sampling workloads ignore it (seq_len 1)")
@@ -127,7 +126,7 @@ def config(args) -> SuiteConfig:
         if getattr(args, k) is None:
             setattr(args, k, v)
     dev = _device(args.device)
-    dtype = DTYPES[args.dtype or ("float16" if dev.type == "cuda" else "float32")]
+    dtype = workloads.DTYPES[args.dtype or ("float16" if dev.type == "cuda" else "float32")]
     names = [n.strip() for n in args.workloads.split(",")] if args.workloads is not None else workloads.names()
     if not all(names):
         raise CliError(f"--workloads: empty name in {args.workloads!r}")
