@@ -69,7 +69,8 @@ def parser() -> argparse.ArgumentParser:
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
         "but not fused; 2 on bad flags; 3 when the device is missing or --require-fused cannot be met here."))
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    ap.add_argument("--dtype", choices=list(workloads.DTYPES), help="logits dtype (default: float16 on cuda, float32 on cpu)")
+    ap.add_argument("--dtype", choices=list(workloads.DTYPES),
+                    help="logits dtype (default: float16 on cuda, float32 on cpu)")
     ap.add_argument("--batch-sizes", type=_int_list, help="comma-separated (default 8,16,32)")
     ap.add_argument("--seq-lens", type=_int_list,
                     help="comma-separated (default 128,512); sampling workloads ignore it (seq_len 1)")
