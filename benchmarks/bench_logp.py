@@ -15,7 +15,6 @@ Writes reports/bench_logp-<UTC time>.csv. Exit codes: 0 done, 2 bad arguments, 3
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as dt
 import os
@@ -23,6 +22,8 @@ import statistics
 import sys
 
 import torch
+
+from rlkernel.cli import CliError, OneLineParser
 
 L2_BYTES = 60 * 1024 * 1024
 DEFAULT_SHAPES = [(n, v) for n in (4096, 16384, 32768) for v in (32000, 128256, 151936)]
@@ -178,7 +179,7 @@ def bench_shape(n: int, v: int, dtype, warmup: int, repeat: int, compiled_native
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="bench_logp", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=None, help="comma-separated NxV (default: the issue's 9 shapes)")
     ap.add_argument("--fp32-shape", default="4096x128256", help="one NxV also run in float32 ('' for none)")
     ap.add_argument("--warmup", type=int, default=10)
@@ -191,9 +192,7 @@ def main(argv=None) -> int:
         fp32 = [parse(args.fp32_shape)] if args.fp32_shape else []
         if args.repeat < 1 or args.warmup < 0 or any(len(s) != 2 or min(s) < 1 for s in shapes + fp32):
             raise ValueError("shapes are NxV with N, V >= 1; --repeat >= 1")
-    except (ValueError, SystemExit) as exc:
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
-            return 0
+    except (ValueError, CliError) as exc:
         print(f"bench_logp: bad arguments: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():

@@ -7,7 +7,6 @@ sets that against one ``rlkernel.logp`` call on a small input, so the cost is re
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -16,6 +15,7 @@ import time
 import torch
 
 import rlkernel
+from rlkernel.cli import CliError, OneLineParser
 from rlkernel.nvtx_ranges import op_range
 
 
@@ -30,10 +30,14 @@ def _per_call_ns(fn, iters: int, rounds: int = 7) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="bench_nvtx_overhead", description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=200_000)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except CliError as exc:
+        print(f"bench_nvtx_overhead: {exc}", file=sys.stderr)
+        return exc.code
 
     def with_range():
         with op_range("op.logp.forward"):

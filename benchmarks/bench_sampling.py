@@ -13,7 +13,6 @@ host launch overhead is not counted; the inputs rotate over enough buffers to ex
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import statistics
@@ -24,6 +23,7 @@ import torch
 os.environ["RLKERNEL_VALIDATE"] = "0"  # before rlkernel reads it
 
 import rlkernel  # noqa: E402
+from rlkernel.cli import CliError, OneLineParser
 from rlkernel.ops.sampling_native import sample_native  # noqa: E402
 
 L2_BYTES = 60 * 2**20  # H200: 60 MB of L2 (torch.cuda.get_device_properties reports it too)
@@ -54,7 +54,7 @@ def time_path(fn, inputs, reps):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="bench_sampling", description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,32,64,128,256")
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--dtypes", default="float32,bfloat16")
@@ -62,7 +62,11 @@ def main() -> int:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=200)
-    args = ap.parse_args()
+    try:
+        args = ap.parse_args()
+    except CliError as exc:
+        print(f"bench_sampling: {exc}", file=sys.stderr)
+        return exc.code
     if args.reps < 100:
         print("bench_sampling: --reps must be >= 100 (a median of at least 100 calls)", file=sys.stderr)
         return 2

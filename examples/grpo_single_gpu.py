@@ -18,21 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from rlkernel import FallbackWarning, FusedKernelUnavailable, dispatch  # noqa: E402
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError  # noqa: E402
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser  # noqa: E402
 from rlkernel.grpo import DTYPES, ROUNDING_ULPS, GRPOConfig, Trainer, compare_backends, compare_tolerance  # noqa: E402
 
 PROG = "grpo_single_gpu"
 BUILD_HINT = "build it on a CUDA machine with: MAX_JOBS=2 python setup.py build_ext --inplace"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line on stderr, exit 2 (argparse would print the usage too)
-        raise CliError(f"{message} (see --help)", EXIT_USAGE)
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = GRPOConfig()
-    p = _Parser(prog=PROG, description=__doc__.split("\n")[0],
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: cuda when available, else cpu")

@@ -17,8 +17,7 @@ import duckdb
 import pandas as pd
 
 from pipelines import analysis, report, sql, trace_db
-from pipelines.cli import OneLineParser
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
 PROG = "pipelines.analyze"

@@ -21,8 +21,7 @@ import sys
 import time
 
 from pipelines import ncu_csv, runs, tools
-from pipelines.cli import OneLineParser
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, fail
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser, fail
 
 PROG = "pipelines.capture"
 HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs

@@ -13,8 +13,7 @@ import os
 import sys
 import time
 
-from pipelines.cli import OneLineParser
-from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, CliError, fail
+from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser, fail
 
 PROG = "pipelines.capture_child"
 

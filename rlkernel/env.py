@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 
 import torch
 
@@ -102,11 +103,16 @@ def device_record(index: int | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m rlkernel.env", description="Print this node's record.")
+    from rlkernel.cli import CliError, OneLineParser
+
+    ap = OneLineParser(prog="python -m rlkernel.env", description="Print this node's record.")
     ap.add_argument("--json", action="store_true", help="print the record as JSON")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except CliError as exc:
+        print(f"python -m rlkernel.env: {exc}", file=sys.stderr)
+        return exc.code
     rec = describe()
     if args.json:
         print(json.dumps(rec, indent=2))

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rlkernel import env, workloads
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, fail
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser, fail
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, run_suite
 from rlkernel.profiling.summary import progress_line, table
@@ -21,11 +21,6 @@ SMOKE = {"batch_sizes": (2,), "seq_lens": (4,), "vocab_sizes": (32,), "dtype": "
 DEFAULTS = {"batch_sizes": (8, 16, 32), "seq_lens": (128, 512), "vocab_sizes": (4096, 128256), "warmup": 3,
             "repeat": 10}
 BUILD_HINT = "build the extension: MAX_JOBS=2 python setup.py build_ext --inplace"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2: no usage dump
-        raise CliError(message, EXIT_USAGE)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -63,7 +58,7 @@ def _float(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog=PROG, description=(
+    ap = OneLineParser(prog=PROG, description=(
         "Time registry workloads over shapes and write a profile_<UTC timestamp>.csv/.json report. Each row has "
         "a status (pass, blocked, oom, fail) and the dispatch the ops recorded (native, fused, fallback, blocked). "
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
