@@ -20,8 +20,10 @@ def _fused_ready():
 
 @pytest.fixture(autouse=True)
 def _need_fused():
-    # Not a skip: on a CUDA machine the extension must be built for these tests (tools/gpu_check builds it).
-    assert _fused_ready(), "rlkernel._C with the sample op is not built: python setup.py build_ext --inplace"
+    # Not a skip: on a CUDA machine the extension must be built with the sample op for these tests
+    # (`bash tools/gpu_check.sh sampler` builds it so; until issue 9 is fixed plain builds leave the op out).
+    assert _fused_ready(), ("rlkernel._C without the sample op: CFLAGS=-DRLKERNEL_FUSED_SAMPLE "
+                            "python setup.py build_ext --inplace")
 
 
 def _gen(seed):
@@ -196,17 +198,20 @@ def test_strided_and_misaligned_rows_match_contiguous():
     assert a.shape == (5, 3) and torch.equal(a, b)
 
 
-def test_rows_without_distribution_raise_and_argmax_follows_torch():
+def test_rows_without_distribution_raise_at_any_temperature():
+    # contracts, section 1: a NaN or no finite logit is a row without a distribution, greedy or not
     logits = torch.randn(4, 3000, device="cuda")
+    ids = rlkernel.sample(logits, temperature=0, backend="fused")
+    assert torch.equal(ids, logits.argmax(-1))  # lowest id among ties, as torch.argmax
     logits[2] = float("-inf")
-    with pytest.raises(ValueError, match="row 2"):
-        rlkernel.sample(logits, top_k=50, backend="fused")
+    for t in (0.0, 1.0):
+        with pytest.raises(ValueError, match="row 2"):
+            rlkernel.sample(logits, temperature=t, top_k=50, backend="fused")
     logits[2] = 0.0
     logits[1, 17] = float("nan")
-    with pytest.raises(ValueError, match="row 1"):
-        rlkernel.sample(logits, backend="fused")
-    ids = rlkernel.sample(logits, temperature=0, backend="fused")  # argmax treats NaN as the maximum
-    assert torch.equal(ids, logits.argmax(-1))
+    for t in (0.0, 1.0):
+        with pytest.raises(ValueError, match="row 1"):
+            rlkernel.sample(logits, temperature=t, backend="fused")
 
 
 def test_dispatch_records_fused_and_empty_input():
