@@ -73,6 +73,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_sampling: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 3
+    reason = rlkernel.dispatch.fused_unavailable_reason("sample", torch.device("cuda"), torch.float32)
+    if reason:  # nothing fused to measure: say so instead of timing the native path under a fused name
+        print(f"bench_sampling: the fused sampler cannot run here: {reason}", file=sys.stderr)
+        return 3
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "

@@ -65,7 +65,7 @@ stage_tests() {
   step test-dispatch "$py" -m pytest tests/test_dispatch.py -v
   step test-profiler "$py" -m pytest tests/test_profiler.py -v
   if has_cuda; then
-    step test-gpu "$py" -m pytest -q tests/test_logp_fused.py tests/test_sampling_fused.py
+    step test-gpu "$py" -m pytest -q tests/test_logp_fused.py  # the sampler's: stage sampler (issue 9)
   else
     step test-gpu sh -c 'echo "blocked: the fused-kernel tests need CUDA"; exit 3'
   fi
@@ -89,17 +89,19 @@ stage_grpo() {
   step grpo-compare "$py" examples/grpo_single_gpu.py --device cuda --compare-backends --steps 20
 }
 
-after_capture() {  # after_capture CAPTURE_STEP NAME COMMAND...: analyse only the run that capture just made
-  local verdict
+after_capture() {  # after_capture CAPTURE_STEP NAME COMMAND...: analyse the run that capture just made (its last line)
+  local verdict run name=$2
   verdict=$(awk -F'\t' -v s="$1" '$1 == s { v = $2 } END { print v }' "$logs/steps.tsv")
+  run=$(tail -n 1 "$logs/$1.log")
   case $verdict in
-    pass) shift; step "$@" ;;
+    pass) [ -d "$run" ] || { step "$2" sh -c "echo 'not run: $1 printed no run directory'; exit 1"; return; }
+          shift 2; step "$name" "$@" "$run" ;;
     blocked) step "$2" sh -c "echo 'blocked: $1 was blocked, so there is no new run to analyse'; exit 3" ;;
-    *) step "$2" sh -c "echo 'not run: $1 failed, so the newest run under runs/ is not its run'; exit 1" ;;
+    *) step "$2" sh -c "echo 'not run: $1 failed'; exit 1" ;;
   esac
 }
 
-stage_capture() {  # the guide's commands (docs/hardware-profiling.md, sections 6 and 7), as printed there
+stage_capture() {  # the guide's commands (docs/hardware-profiling.md, sections 6 and 7)
   step capture-logp "$py" -m pipelines.capture --workload logp-native --workload logp-fused --tool all
   after_capture capture-logp analyze-logp "$py" -m pipelines.analyze
   step capture-grpo "$py" -m pipelines.capture --workload grpo-step
@@ -109,10 +111,10 @@ stage_capture() {  # the guide's commands (docs/hardware-profiling.md, sections 
 stage_example() {
   step capture-example "$py" -m pipelines.capture --workload logp-native --workload logp-fused \
     --workload logp-fused-bwd --batch-size 2 --seq-len 64 --vocab-size 4096 --warmup 2 --repeat 3 --output-dir runs
-  step analyze-example "$py" -m pipelines.analyze --require-fused
+  after_capture capture-example analyze-example "$py" -m pipelines.analyze --require-fused
   local run
-  run=$(ls -d runs/*-logp-native+2 2>/dev/null | tail -1)
-  [ -n "$run" ] && tar czf "$out/example_run.tgz" "$run"
+  run=$(tail -n 1 "$logs/capture-example.log")
+  [ -d "$run" ] && tar czf "$out/example_run.tgz" "$run"
 }
 
 stage_sampler() {
@@ -135,15 +137,17 @@ stage_bench() {
 }
 
 stages=${*:-node build tests profile grpo capture bench}
+runs_before=$(ls -d runs/*/ 2>/dev/null | sort)
 echo "gpu_check: stages [$stages], CUDA_VISIBLE_DEVICES=$gpu, logs in $logs"
 for s in $stages; do
   type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench example sampler)" >&2; exit 2; }
   "stage_$s"
 done
 
-# Trace verdicts of the fused workloads, from the analyzer's dispatch.csv of each run made here.
-verdicts=$(for csv in runs/*/report/dispatch.csv; do [ -f "$csv" ] && awk -F, -v run="$(basename "$(dirname "$(dirname "$csv")")")" \
-  'NR > 1 && $1 == "workload" { v[$2] = v[$2] " " $5 } END { for (k in v) print "   " run ": " k " ->" v[k] }' "$csv"; done 2>/dev/null)
+# Trace verdicts of the fused workloads, from the analyzer's dispatch.csv of each run this call made.
+new_runs=$(comm -13 <(echo "$runs_before") <(ls -d runs/*/ 2>/dev/null | sort))
+verdicts=$(for r in $new_runs; do csv="${r}report/dispatch.csv"; [ -f "$csv" ] && awk -F, -v run="$(basename "$r")" \
+  'NR > 1 && $1 == "workload" { v[$2] = v[$2] " " $5 } END { for (k in v) print "   " run ": " k " ->" v[k] }' "$csv"; done)
 {
   echo "gpu_check summary ($(date -u +%FT%TZ), CUDA_VISIBLE_DEVICES=$gpu)"
   printf '%-18s %-8s %-5s %-6s %s\n' step result exit time command
