@@ -90,6 +90,11 @@ def validate(args) -> None:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
+    for name in args.workload:
+        error = workloads.get(name).shape_error(shape)
+        if error:
+            raise CliError(error)
     logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
     if not math.isfinite(args.temperature) or args.temperature < 0 or (logp_ops and args.temperature == 0):
         raise CliError(f"--temperature must be a finite number > 0 (>= 0 for sampling only), got {args.temperature}")

@@ -58,6 +58,9 @@ class GRPOConfig:
         for name in ("num_prompts", "samples_per_prompt", "prompt_len", "completion_len", "hidden_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:  # a group of one has zero advantage: nothing to learn from the policy loss
+            raise ValueError(f"samples-per-prompt must be >= 2 (GRPO normalises within a group), "
+                             f"got {self.samples_per_prompt}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab-size must be >= 2 (token {EOS} is the end of a completion), got {self.vocab_size}")
         if not self.lr > 0:

@@ -1,6 +1,7 @@
 """Input checks shared by the ops (docs/contracts.md, section 1: bad input gets a clear error)."""
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -52,14 +53,14 @@ def check_logp_args(logits, token_ids, temperature) -> None:
         )
     if logits.device != token_ids.device:
         raise ValueError(f"logits on {logits.device} and token_ids on {token_ids.device}: must be on one device")
-    if not (float(temperature) > 0.0):  # also rejects NaN
-        raise ValueError(f"temperature must be > 0 for logp, got {temperature}")
+    if not (0.0 < float(temperature) < math.inf):  # also rejects NaN
+        raise ValueError(f"temperature must be a finite number > 0 for logp, got {temperature}")
 
 
 def check_sample_args(logits, temperature, top_k, top_p, generator) -> None:
     check_logits(logits)
-    if not (float(temperature) >= 0.0):
-        raise ValueError(f"temperature must be >= 0 for sample, got {temperature}")
+    if not (0.0 <= float(temperature) < math.inf):
+        raise ValueError(f"temperature must be a finite number >= 0 for sample, got {temperature}")
     if int(top_k) != top_k or top_k < 0:
         raise ValueError(f"top_k must be a non-negative integer, got {top_k}")
     if not (0.0 < float(top_p) <= 1.0):

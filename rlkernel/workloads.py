@@ -53,6 +53,7 @@ class Workload:
     has_backward: bool = False
     uses_seq_len: bool = True
     fused_patterns: tuple[str, ...] = field(default=("rlkernel_*",))
+    check_shape: Callable[[Shape], str | None] | None = None  # why a shape cannot run, for CLIs to refuse it early
 
     def __post_init__(self):
         if self.path not in ("native", "fused"):
@@ -62,6 +63,10 @@ class Workload:
         unknown = set(self.fused_ops) - set(dispatch.OPS)
         if unknown:
             raise ValueError(f"{self.name}: unknown ops in fused_ops: {sorted(unknown)}")
+
+    def shape_error(self, shape: Shape) -> str | None:
+        """None, or one line saying why this workload cannot run at ``shape`` (checked before any work)."""
+        return self.check_shape(self.effective_shape(shape)) if self.check_shape else None
 
     def effective_shape(self, shape: Shape) -> Shape:
         """Sampling draws one token per row: seq_len is 1 whatever was asked."""
@@ -314,14 +319,22 @@ _register_defaults()
 _GRPO_PROMPT_LEN, _GRPO_HIDDEN = 4, 64
 
 
+def _grpo_shape_error(s: Shape) -> str | None:
+    # a group of one sample has zero advantage: the traced step would have no policy gradient
+    if s.batch_size % 2:
+        return f"grpo-step needs an even batch size (groups of >= 2 samples per prompt), got {s.batch_size}"
+    return None
+
+
 def _grpo_config(s: Shape, dtype, seed: int):
     import math
 
     from rlkernel.grpo import GRPOConfig
 
+    error = _grpo_shape_error(s)
+    if error:
+        raise ValueError(error)
     group = math.gcd(s.batch_size, 4)  # 4 samples per prompt when batch_size allows, else 2
-    if group < 2:  # a group of one sample has zero advantage: the traced step would have no policy gradient
-        raise ValueError(f"grpo-step needs an even batch size (groups of >= 2 samples), got {s.batch_size}")
     return GRPOConfig(num_prompts=s.batch_size // group, samples_per_prompt=group, prompt_len=_GRPO_PROMPT_LEN,
                       completion_len=s.seq_len, vocab_size=s.vocab_size, hidden_dim=_GRPO_HIDDEN,
                       temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed, dtype=dtype)
@@ -374,4 +387,4 @@ register(Workload(
     description="one full GRPO step (rlkernel.grpo): rollout with rlkernel.sample, logp forward and backward, "
                 "AdamW; batch = sequences, seq_len = completion length",
     build=_grpo_inputs, step=_grpo_step, count_bytes=_grpo_bytes, count_flops=_grpo_flops,
-    compare=_compare_grpo, has_backward=True))
+    compare=_compare_grpo, has_backward=True, check_shape=_grpo_shape_error))

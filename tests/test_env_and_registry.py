@@ -88,3 +88,25 @@ def test_bytes_and_sampling_shape():
     sampling = workloads.get("sampling-native")
     assert sampling.effective_shape(s).seq_len == 1
     assert sampling.bytes_moved(s, torch.float32) == 4 * 1000 * 4 + 4 * 8
+
+
+def test_sampling_check_at_temperature_zero_is_argmax(monkeypatch):
+    import rlkernel
+
+    w = workloads.get("sampling-fused")
+    inputs = w.make_inputs(Shape(3, 1, 41, temperature=0.0), torch.float32, "cpu", seed=1)
+    assert w.check(inputs) is None  # the native fallback draws the argmax: no mismatch
+    real = rlkernel.sample
+    monkeypatch.setattr(rlkernel, "sample", lambda *a, **k: (real(*a, **k) + 1) % 41)
+    assert "temperature 0" in w.check(inputs)  # a sampler that misses the argmax is caught
+
+
+def test_validation_is_off_while_compiling(monkeypatch):
+    from rlkernel import validate
+
+    assert validate.validation_enabled()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not validate.validation_enabled()
+    monkeypatch.undo()
+    monkeypatch.setenv("RLKERNEL_VALIDATE", "0")
+    assert not validate.validation_enabled()

@@ -10,7 +10,8 @@ import torch
 from rlkernel import workloads
 from rlkernel.grpo import GRPOConfig, Trainer, compare_backends, completion_mask, group_advantages
 
-SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "grpo_single_gpu.py"
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "grpo_single_gpu.py"
 GUIDE_ARGS = ["--steps", "2", "--num-prompts", "1", "--samples-per-prompt", "2", "--prompt-len", "2",
               "--completion-len", "3", "--vocab-size", "16", "--hidden-dim", "8"]
 TINY = GRPOConfig(num_prompts=2, samples_per_prompt=4, prompt_len=3, completion_len=5, vocab_size=24, hidden_dim=8)
@@ -109,3 +110,21 @@ def test_grpo_step_workload_runs_one_step_and_checks():
     assert wl.check(inp) is None
     assert wl.bytes_moved(shape, torch.float32) > 11 * shape.rows * shape.vocab_size * 4
     assert wl.flops(shape, torch.float16) == wl.flops(shape, torch.float32) > 0
+
+
+@pytest.mark.smoke
+def test_groups_of_one_are_refused_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="samples-per-prompt must be >= 2"):
+        GRPOConfig(samples_per_prompt=1).validate()
+    w = workloads.get("grpo-step")
+    assert "even batch size" in w.shape_error(workloads.Shape(3, 4, 16))
+    assert w.shape_error(workloads.Shape(4, 4, 16)) is None
+    for cmd in ([sys.executable, "scripts/run_profile_suite.py", "--device", "cpu", "--workloads", "grpo-step",
+                 "--batch-sizes", "3", "--seq-lens", "2", "--vocab-sizes", "16", "--output-dir", str(tmp_path)],
+                [sys.executable, "-m", "pipelines.capture", "--workload", "grpo-step", "--batch-size", "3",
+                 "--device", "cpu", "--output-dir", str(tmp_path)],
+                [sys.executable, "examples/grpo_single_gpu.py", "--device", "cpu", "--samples-per-prompt", "1"]):
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 2, (cmd, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []

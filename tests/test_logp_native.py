@@ -111,8 +111,9 @@ def test_bad_input_errors():
         rlkernel.logp(torch.ones(2, 5, dtype=torch.long), ids[:, 0])
     with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
         rlkernel.logp(logits, torch.zeros(2, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="temperature"):
-        rlkernel.logp(logits, ids, temperature=0)
+    for bad_t in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            rlkernel.logp(logits, ids, temperature=bad_t)
     with pytest.raises(TypeError, match="integer"):
         rlkernel.logp(logits, ids.float())
     ids[1, 2] = 5

@@ -62,8 +62,9 @@ def test_bad_input_errors():
         rlkernel.sample(logits, top_p=1.5)
     with pytest.raises(ValueError, match="top_k"):
         rlkernel.sample(logits, top_k=-1)
-    with pytest.raises(ValueError, match="temperature"):
-        rlkernel.sample(logits, temperature=-1)
+    for bad_t in (-1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            rlkernel.sample(logits, temperature=bad_t)
     with pytest.raises(TypeError):
         rlkernel.sample(torch.ones(2, 5, dtype=torch.int32))
     bad = logits.clone()

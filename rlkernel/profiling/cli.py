@@ -12,7 +12,7 @@ import torch
 from rlkernel import env, workloads
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser, fail
 from rlkernel.profiling import rows as rows_mod
-from rlkernel.profiling.suite import SuiteConfig, exit_status, run_suite
+from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
 from rlkernel.profiling.writers import write_reports
 
@@ -136,10 +136,15 @@ def config(args) -> SuiteConfig:
         raise CliError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.temperature == 0.0 and any(w.op != "sample" for w in chosen):
         raise CliError("--temperature 0 (argmax) applies only to sampling workloads; log-probs need > 0")
-    return SuiteConfig(device=dev, dtype=dtype, batch_sizes=args.batch_sizes, seq_lens=args.seq_lens,
-                       vocab_sizes=args.vocab_sizes, workloads=chosen, top_k=args.top_k, top_p=args.top_p,
-                       temperature=args.temperature, seed=args.seed, warmup=args.warmup, repeat=args.repeat,
-                       require_fused=args.require_fused)
+    cfg = SuiteConfig(device=dev, dtype=dtype, batch_sizes=args.batch_sizes, seq_lens=args.seq_lens,
+                      vocab_sizes=args.vocab_sizes, workloads=chosen, top_k=args.top_k, top_p=args.top_p,
+                      temperature=args.temperature, seed=args.seed, warmup=args.warmup, repeat=args.repeat,
+                      require_fused=args.require_fused)
+    for w, shape in plan(cfg):  # a shape a workload cannot run is a usage error before any row runs
+        error = w.shape_error(shape)
+        if error:
+            raise CliError(error)
+    return cfg
 
 
 def run(argv: list[str], command: str) -> int:
