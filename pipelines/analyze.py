@@ -98,6 +98,8 @@ def manifest_problem(data) -> str | None:
     a manifest can then trust it."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
+    if data.get("schema", 1) != 1:
+        return f"schema {data.get('schema')!r}, this analyzer reads schema 1"
     if not isinstance(data.get("workloads", []), list):
         return "workloads is not a list"
     for i, w in enumerate(data.get("workloads", [])):
@@ -128,6 +130,10 @@ def manifest_problem(data) -> str | None:
     if not isinstance(devices, list) or not all(
             isinstance(d, dict) and isinstance(d.get("index", -1), int) for d in devices):
         return "node.devices is not a list of records with an integer index"
+    ext = (data.get("node") or {}).get("extension")
+    if ext is not None and not (isinstance(ext, dict) and isinstance(ext.get("archs") or [], list)
+                                and all(isinstance(a, str) for a in ext.get("archs") or [])):
+        return "node.extension is not a record with a list of arch strings"
     return None
 
 

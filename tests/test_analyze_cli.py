@@ -162,6 +162,8 @@ def test_help_starts_without_torch():
     ({"node": []}, "node is not an object"),
     ({"node": {"devices": [{"index": "0"}]}}, "node.devices"),
     ({"command": "python x"}, "command is not a list"),
+    ({"node": {"extension": {"archs": 5, "built": True}}}, "node.extension"),
+    ({"schema": 2}, "schema 2"),
 ])
 def test_malformed_manifest_is_one_line_exit_2(tmp_path, capsys, manifest, words):
     run = tmp_path / "run"
