@@ -2,13 +2,14 @@
 
 The op (schema and CUDA impl in csrc/sampling_op.cpp, kernels in csrc/include/rlkernel/sampling_kernels.cuh):
 ``torch.ops.rlkernel.sample(logits[N, V], temperature, top_k, top_p, generator=None) -> (ids[N] int64,
-first_bad[1] int32)``. ``first_bad`` is the first row without a distribution (a NaN, or an all -inf / +inf row
-at temperature > 0), else ``NO_BAD_ROW``; such a row's id is -1.
+first_bad[1] int32)``. ``first_bad`` is the first row without a distribution (a NaN, no logit above -inf, or at
+T > 0 a +inf logit), else ``NO_BAD_ROW``; such a row's id is -1.
 
 The draw is a Gumbel race over the kept set with Philox noise keyed by (generator seed, offset, row, token id):
 the same distribution as the native path, not the same ids for a seed. The log-probs of ``return_logprobs``
-come from ``rlkernel.logp`` on the fused backend, called on the drawn ids, so they are the training path's
-numbers bit for bit.
+come from the fused logp forward (``logp_fused``) on the drawn ids, so they are the training path's numbers bit for
+bit; that kernel opens its own ``op.logp.forward`` range (after ``op.sample``) but leaves no dispatch record: the
+log-probs are part of the sample call.
 """
 from __future__ import annotations
 

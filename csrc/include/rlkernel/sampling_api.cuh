@@ -32,8 +32,9 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 
 // Draw one id per row into ids[rows] (int64). logits: rows x vocab, row i at logits + i * row_stride
 // elements, unit stride inside a row. temperature 0 = argmax. top_k 0 = all, top_p 1 = all.
-// With temperature > 0, a row with a NaN or whose largest scaled logit is +-inf has no distribution: its id
-// is -1 and *first_bad holds the first such row (kNoBadRow when none; the launcher initialises it).
+// A row with a NaN, with no logit above -inf, or (temperature > 0) whose largest scaled logit is +inf has no
+// distribution: its id is -1 and *first_bad holds the first such row (kNoBadRow when none; the launcher
+// initialises it).
 // Puts on `stream`, inside the NVTX range rlkernel:op.sample, one memset and rlkernel_* kernels only.
 // Returns nullptr on success, else the error's text. rows * ceil(vocab / 4096) must be < 2^31, vocab < 2^31.
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,

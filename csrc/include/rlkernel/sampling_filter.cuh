@@ -75,7 +75,16 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
   });
   if (a.argmax) {
     best = block_reduce_u64<NT>(best, true, sm.u64);
-    if (threadIdx.x == 0) a.ids[a.row] = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
+    if (threadIdx.x == 0) {
+      const uint32_t top = static_cast<uint32_t>(best >> 32);
+      // a NaN (the largest key) or no logit above -inf: no distribution at T = 0 either (contracts, section 1)
+      if (top == kNanKey || top <= float_key(__uint_as_float(0xff800000u))) {
+        a.ids[a.row] = -1;
+        atomicMin(a.first_bad, static_cast<int32_t>(a.row));
+      } else {
+        a.ids[a.row] = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
+      }
+    }
     return;
   }
   mx = block_max_u32<NT>(mx, sm.u32);
