@@ -38,7 +38,7 @@ def unavailable_reason() -> str | None:
     return _try_load()[1]
 
 
-@functools.lru_cache(maxsize=None)  # asked on every fused call; what a loaded library registered never changes
+@functools.cache  # asked on every fused call; what a loaded library registered never changes
 def has_op(name: str) -> bool:
     """Whether the loaded extension registered ``torch.ops.rlkernel.<name>*`` (e.g. ``logp``, ``sample``)."""
     if _try_load()[0] is None:
