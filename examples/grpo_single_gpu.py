@@ -112,7 +112,7 @@ def _gap_check(result, dtype) -> tuple[str, bool]:
 
 
 def _strict_check(result) -> None:
-    # The training step's own dispatch records: the native sampler's logp.forward (rollout) is not training.
+    # The training step's own dispatch records (its forward and backward), not the process history's.
     for op, status in (("logp.forward", result.logp_forward), ("logp.backward", result.logp_backward)):
         statuses = {r.status for r, _ in result.records if r.op == op}
         if statuses != {"fused"}:
