@@ -85,14 +85,9 @@ std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int6
 
 }  // namespace
 
-// Off by default: on the H200 (2026-12-02) a call of this op crashed the process on the host side (SIGSEGV inside
-// sample(), cause not yet found; issue 9). Build with CFLAGS=-DRLKERNEL_FUSED_SAMPLE to register it and debug;
-// unregistered, rlkernel.sample records a fallback to the native path ("extension built without the sample kernels").
-#if defined(RLKERNEL_FUSED_SAMPLE)
 TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None) -> "
         "(Tensor ids, Tensor first_bad)");
 }
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) { m.impl("sample", &sample); }
-#endif  // RLKERNEL_FUSED_SAMPLE

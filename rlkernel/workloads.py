@@ -382,8 +382,7 @@ def _grpo_flops(s: Shape, dtype) -> int:
 
 register(Workload(
     name="grpo-step", op="grpo-step", path="fused", backend="auto",
-    # "sample" joins fused_ops once the fused sampler (csrc/, rlkernel/ops/sampling_fused.py) lands.
-    fused_ops=("logp.forward", "logp.backward"),
+    fused_ops=("sample", "logp.forward", "logp.backward"),
     description="one full GRPO step (rlkernel.grpo): rollout with rlkernel.sample, logp forward and backward, "
                 "AdamW; batch = sequences, seq_len = completion length",
     build=_grpo_inputs, step=_grpo_step, count_bytes=_grpo_bytes, count_flops=_grpo_flops,

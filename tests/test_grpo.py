@@ -101,7 +101,7 @@ def test_cli_compare_backends_on_cpu():
 @pytest.mark.smoke
 def test_grpo_step_workload_runs_one_step_and_checks():
     wl = workloads.get("grpo-step")
-    assert wl.fused_ops == ("logp.forward", "logp.backward") and wl.has_backward
+    assert wl.fused_ops == ("sample", "logp.forward", "logp.backward") and wl.has_backward
     shape = workloads.Shape(batch_size=6, seq_len=3, vocab_size=32)
     inp = wl.make_inputs(shape, torch.float32, "cpu", 0)
     assert inp["cfg"].batch_size == 6 and inp["cfg"].completion_len == 3  # 3 prompts x 2 samples

@@ -20,10 +20,9 @@ def _fused_ready():
 
 @pytest.fixture(autouse=True)
 def _need_fused():
-    # Not a skip: on a CUDA machine the extension must be built with the sample op for these tests
-    # (`bash tools/gpu_check.sh sampler` builds it so; until issue 9 is fixed plain builds leave the op out).
-    assert _fused_ready(), ("rlkernel._C without the sample op: CFLAGS=-DRLKERNEL_FUSED_SAMPLE "
-                            "python setup.py build_ext --inplace")
+    # Not a skip: on a CUDA machine these tests need the built extension (MAX_JOBS=2 python setup.py build_ext
+    # --inplace); a missing build must not pass as "skipped"
+    assert _fused_ready(), "rlkernel._C is not built (or lacks the sample op): python setup.py build_ext --inplace"
 
 
 def _gen(seed):
@@ -40,7 +39,7 @@ def _row(kind, vocab, seed):
         row = torch.full((vocab,), float("-inf"))
         idx = torch.randperm(vocab, generator=g)[:60]
         row[idx] = torch.randn(60, generator=g)
-        row[idx[:6]] = row[idx[6]]
+        row[idx[:6]] = row[idx[6]].item()
         return row
     if kind == "flat":  # every token equal: every chunk overflows its candidates, the whole-row path runs
         return torch.full((vocab,), 0.25)
@@ -65,9 +64,9 @@ LAW_CASES = [
     ("randn", 1000, 50, 0.9, 1.0), ("randn", 1000, 5, 1.0, 0.6), ("randn", 1000, 1, 1.0, 1.0),
     ("randn", 1000, 0, 0.9, 0.6), ("randn", 1000, 1000, 0.1, 1.0), ("randn", 1000, 0, 1.0, 1.0),
     ("randn", 1000, 200, 0.9, 1.0), ("randn", 1000, 50, 0.1, 0.6), ("randn", 1000, 5, 0.9, 0.0),
-    ("ties", 1000, 50, 0.9, 1.0), ("ties", 1000, 5, 1.0, 0.6), ("ties", 1000, 0, 0.1, 1.0),
+    ("ties", 1000, 50, 0.89, 1.0), ("ties", 1000, 5, 1.0, 0.6), ("ties", 1000, 0, 0.1, 1.0),
     ("ties", 1000, 50, 0.5, 0.0), ("neginf", 1000, 50, 0.9, 1.0), ("neginf", 1000, 0, 1.0, 0.6),
-    ("neginf", 1000, 5, 0.9, 1.0), ("randn", 10000, 50, 0.9, 1.0), ("ties", 10000, 50, 0.9, 0.6),
+    ("neginf", 1000, 5, 0.9, 1.0), ("randn", 10000, 50, 0.9, 1.0), ("ties", 10000, 50, 0.89, 0.6),
     ("flat", 10000, 50, 1.0, 1.0), ("flat", 10000, 0, 0.10005, 1.0), ("randn", 37, 50, 1.0, 1.0),
 ]
 

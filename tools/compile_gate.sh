@@ -41,8 +41,7 @@ done
 for cpp in csrc/*.cpp; do  # registration files (bindings.cpp and the ops' own): torch/library.h level only
   [ "$cpp" = csrc/cuda_stream.cpp ] && continue
   # shellcheck disable=SC2086  # TORCH_INC is a list of -I flags
-  # RLKERNEL_FUSED_SAMPLE: the gate compiles the sampler's registration too, although builds leave it off for now
-  step "$cpp [torch headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -Icsrc/include -DRLKERNEL_FUSED_SAMPLE \
+  step "$cpp [torch headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -Icsrc/include \
     -c "$cpp" -o "$out/$(basename "$cpp").o"
 done
 if [ -n "$TORCH_CUDA" ]; then

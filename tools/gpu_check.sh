@@ -5,9 +5,7 @@
 #
 # Stages (default: all, in this order): node build tests profile grpo capture bench
 # (and `example`: a small nsys capture of the log-prob workloads, analysed with --require-fused, the run tarred
-# into the output folder: the analyzer's bundled example is made from it; `sampler`: the fused sampler, whose op
-# builds register only with -DRLKERNEL_FUSED_SAMPLE (issue 9), built in place with it, its tests and benchmark run,
-# then the extension rebuilt without it)
+# into the output folder: the analyzer's bundled example is made from it)
 # Each stage takes a few minutes at most, so one device call can run one or a few of them. Each step's exit code
 # is read per the contracts: 0 pass, 3 blocked (this machine lacks what it needs), anything else fail.
 # Logs go to $OUT (or ./reports/gpu_check when OUT is unset): one log per step, bundled into logs.tgz, and
@@ -65,7 +63,7 @@ stage_tests() {
   step test-dispatch "$py" -m pytest tests/test_dispatch.py -v
   step test-profiler "$py" -m pytest tests/test_profiler.py -v
   if has_cuda; then
-    step test-gpu "$py" -m pytest -q tests/test_logp_fused.py  # the sampler's: stage sampler (issue 9)
+    step test-gpu "$py" -m pytest -q tests/test_logp_fused.py tests/test_sampling_fused.py
   else
     step test-gpu sh -c 'echo "blocked: the fused-kernel tests need CUDA"; exit 3'
   fi
@@ -117,19 +115,6 @@ stage_example() {
   [ -d "$run" ] && tar czf "$out/example_run.tgz" "$run"
 }
 
-stage_sampler() {
-  if ! command -v nvcc >/dev/null || ! has_cuda; then
-    step sampler-build sh -c 'echo "blocked: the fused sampler needs nvcc and a CUDA build of torch"; exit 3'
-    return
-  fi
-  rm -rf build rlkernel/_C*.so  # no stale extension: the flag changes what bindings register
-  step sampler-build env CFLAGS=-DRLKERNEL_FUSED_SAMPLE MAX_JOBS=${MAX_JOBS:-16} "$py" setup.py build_ext --inplace
-  step sampler-tests "$py" -X faulthandler -m pytest -x -q tests/test_sampling_fused.py
-  step sampler-bench "$py" -X faulthandler benchmarks/bench_sampling.py
-  rm -rf build rlkernel/_C*.so
-  step rebuild env MAX_JOBS=${MAX_JOBS:-16} "$py" setup.py build_ext --inplace
-}
-
 stage_bench() {
   step bench-nvtx "$py" benchmarks/bench_nvtx_overhead.py
   step bench-logp "$py" benchmarks/bench_logp.py
@@ -140,7 +125,7 @@ stages=${*:-node build tests profile grpo capture bench}
 runs_before=$(ls -d runs/*/ 2>/dev/null | sort)
 echo "gpu_check: stages [$stages], CUDA_VISIBLE_DEVICES=$gpu, logs in $logs"
 for s in $stages; do
-  type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench example sampler)" >&2; exit 2; }
+  type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench example)" >&2; exit 2; }
   "stage_$s"
 done
 

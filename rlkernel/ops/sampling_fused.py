@@ -69,5 +69,5 @@ def sample_fused(logits: torch.Tensor, *, temperature: float, top_k: int, top_p:
 
 try:  # register as soon as the extension is there, so torch.compile and opcheck see the fake kernel
     ensure_registered()
-except Exception:  # not built, or built without the sample op (csrc/sampling_op.cpp: RLKERNEL_FUSED_SAMPLE)
+except Exception:  # not built: rlkernel.sample then records a fallback with _ext's reason
     pass
