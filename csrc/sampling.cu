@@ -1,6 +1,6 @@
 // Launchers of the fused sampler. No torch include (the CI compile gate builds this with nvcc alone).
 // sample_launch opens the NVTX op range rlkernel:op.sample around everything it puts on the stream: the
-// first-bad-row flag's memset and the rlkernel_* kernels, nothing else.
+// rlkernel_* kernels (and, on the whole-row path, the first-bad-row flag's memset), nothing else.
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
@@ -34,6 +34,8 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   const bool argmax = temperature == 0.f;
   const float inv_t = argmax ? 1.f : 1.f / temperature;
   if (!use_fast_path(vocab, temperature, top_k)) {
+    cudaError_t err = cudaMemsetAsync(first_bad, 0x7F, sizeof(int32_t), stream);  // kNoBadRow
+    if (err != cudaSuccess) return cudaGetErrorString(err);
     rlkernel_sample_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         logits, row_stride, vocab, inv_t, argmax, top_k, top_p, rng, ids, first_bad);
     return nullptr;
@@ -42,15 +44,11 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   if (workspace_bytes < sample_workspace_bytes(rows, vocab, temperature, top_k)) return "sample workspace too small";
   auto* cand = static_cast<uint64_t*>(workspace);
   auto* counts = reinterpret_cast<uint32_t*>(cand + rows * splits * kCandCap);
+  // the candidates kernel also sets *first_bad = kNoBadRow (no memset launch on this path)
   rlkernel_sample_candidates<T><<<static_cast<unsigned>(rows * splits), kCandThreads, 0, stream>>>(
       logits, row_stride, vocab, static_cast<int>(splits), inv_t, argmax ? 1 : static_cast<int>(top_k), cand,
-      counts);
-  const size_t staged = static_cast<size_t>(std::min<int64_t>(splits * kCandCap, kMaxSmemCand)) * sizeof(uint64_t);
-  // above the default 48 KiB of dynamic shared memory: must be allowed per kernel (cheap, host-side)
-  cudaError_t err = cudaFuncSetAttribute(rlkernel_sample_select<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(staged));
-  if (err != cudaSuccess) return cudaGetErrorString(err);
-  rlkernel_sample_select<T><<<static_cast<unsigned>(rows), kRowThreads, staged, stream>>>(
+      counts, first_bad);
+  rlkernel_sample_select<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
       logits, row_stride, vocab, static_cast<int>(splits), inv_t, cand, counts, argmax, top_k, top_p, rng, ids,
       first_bad);
   return nullptr;
@@ -74,8 +72,6 @@ const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int6
   nvtx3::scoped_range_in<NvtxDomain> range{
       nvtx3::event_attributes{nvtx3::registered_string_in<NvtxDomain>::get<SampleMessage>()}};
   auto st = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaMemsetAsync(first_bad, 0x7F, sizeof(int32_t), st);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
   const char* msg = nullptr;
   switch (dtype) {
     case ElemType::kFloat32:
@@ -94,7 +90,7 @@ const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int6
       return "logits dtype unsupported (float16/bfloat16/float32)";
   }
   if (msg != nullptr) return msg;
-  err = cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 

@@ -59,7 +59,8 @@ def _boundary_margin(row, temperature, top_k, top_p):
 
 
 # (kind, vocab, top_k, top_p, temperature): every axis of the issue covered, not the whole product. V = 10000
-# spans three 4096-token chunks of the fast path; top_k 0, V and 200 (> 128) take the whole-row path.
+# spans two 8192-token chunks of the fast path, V = 8200 ends in a chunk of 8 tokens (fewer than k: all kept);
+# top_k 0, V and 200 (> 128) take the whole-row path.
 LAW_CASES = [
     ("randn", 1000, 50, 0.9, 1.0), ("randn", 1000, 5, 1.0, 0.6), ("randn", 1000, 1, 1.0, 1.0),
     ("randn", 1000, 0, 0.9, 0.6), ("randn", 1000, 1000, 0.1, 1.0), ("randn", 1000, 0, 1.0, 1.0),
@@ -67,7 +68,7 @@ LAW_CASES = [
     ("ties", 1000, 50, 0.89, 1.0), ("ties", 1000, 5, 1.0, 0.6), ("ties", 1000, 0, 0.1, 1.0),
     ("ties", 1000, 50, 0.5, 0.0), ("neginf", 1000, 50, 0.9, 1.0), ("neginf", 1000, 0, 1.0, 0.6),
     ("neginf", 1000, 5, 0.9, 1.0), ("randn", 10000, 50, 0.9, 1.0), ("ties", 10000, 50, 0.89, 0.6),
-    ("flat", 10000, 50, 1.0, 1.0), ("flat", 10000, 0, 0.10005, 1.0), ("randn", 37, 50, 1.0, 1.0),
+    ("flat", 10000, 50, 1.0, 1.0), ("flat", 10000, 0, 0.10005, 1.0), ("randn", 37, 50, 1.0, 1.0), ("randn", 8200, 50, 0.9, 1.0),
 ]
 
 

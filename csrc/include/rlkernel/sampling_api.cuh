@@ -35,8 +35,9 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 // A row with a NaN, with no logit above -inf, or (temperature > 0) whose largest scaled logit is +inf has no
 // distribution: its id is -1 and *first_bad holds the first such row (kNoBadRow when none; the launcher
 // initialises it).
-// Puts on `stream`, inside the NVTX range rlkernel:op.sample, one memset and rlkernel_* kernels only.
-// Returns nullptr on success, else the error's text. rows * ceil(vocab / 4096) must be < 2^31, vocab < 2^31.
+// Puts on `stream`, inside the NVTX range rlkernel:op.sample, rlkernel_* kernels only (plus one memset of
+// first_bad on the whole-row path).
+// Returns nullptr on success, else the error's text. rows * ceil(vocab / 8192) must be < 2^31, vocab < 2^31.
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
                           int32_t* first_bad, void* workspace, size_t workspace_bytes, void* stream);

@@ -22,9 +22,9 @@ __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162f
 
 // Monotone map float -> uint32 (a > b as floats  <=>  key(a) > key(b)); every NaN maps to kNanKey.
 __device__ __forceinline__ uint32_t float_key(float s) {
-  if (s != s) return kNanKey;
-  uint32_t b = __float_as_uint(s);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  const uint32_t b = __float_as_uint(s);
+  const uint32_t key = b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);  // ~b or b|sign
+  return s != s ? kNanKey : key;
 }
 
 __device__ __forceinline__ float key_float(uint32_t k) {
@@ -83,6 +83,14 @@ __device__ __forceinline__ float uniform_for(RngSeedOffset so, int64_t row, int6
 __device__ __forceinline__ float race_score(float s, RngSeedOffset so, int64_t row, int64_t id) {
   float u = uniform_for(so, row, id);
   return s - logf(-logf(u));
+}
+
+// A (key, id) pair as one integer that orders like (key desc, id asc) when compared descending (ids < 2^31).
+__device__ __forceinline__ uint64_t pack_desc(uint32_t key, int64_t id) {
+  return (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ int64_t unpack_id(uint64_t packed) {
+  return static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(packed));
 }
 
 // (score, id) pairs ordered by score, then lower id.

@@ -1,6 +1,7 @@
 // The exact law, on one row, by one block: p = softmax(s), s = logits / T; keep the top_k (ties: lower id);
 // keep the smallest prefix, in that order, whose mass reaches top_p; draw from the kept set by a Gumbel race.
-// Written once over an element source: the whole row from global memory, or the fast path's candidates.
+// Written over an element source (the whole row from global memory); the fast path's finish_sorted
+// (sampling_kernels.cuh) is the same law on sorted candidates.
 #pragma once
 
 #include "rlkernel/sampling_radix.cuh"
@@ -18,20 +19,6 @@ struct RowSource {
   __device__ __forceinline__ void visit(F&& f) const {
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < vocab; i += NT) f(float_key(scaled(to_float(__ldg(p + i)), inv_t)), i);
-  }
-};
-
-// Candidates staged in shared memory, each packed as (key << 32) | id.
-template <int NT>
-struct CandSource {
-  const uint64_t* c;
-  int n;
-  template <class F>
-  __device__ __forceinline__ void visit(F&& f) const {
-    for (int e = threadIdx.x; e < n; e += NT) {
-      const uint64_t v = c[e];
-      f(static_cast<uint32_t>(v >> 32), static_cast<int64_t>(v & 0xffffffffu));
-    }
   }
 };
 
