@@ -48,9 +48,25 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   rlkernel_sample_candidates<T><<<static_cast<unsigned>(rows * splits), kCandThreads, 0, stream>>>(
       logits, row_stride, vocab, static_cast<int>(splits), inv_t, argmax ? 1 : static_cast<int>(top_k), cand,
       counts, first_bad);
-  rlkernel_sample_select<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-      logits, row_stride, vocab, static_cast<int>(splits), inv_t, cand, counts, argmax, top_k, top_p, rng, ids,
-      first_bad);
+  // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid
+  // drains and waits for its results in cudaGridDependencySynchronize, hiding the gap between the two kernels.
+  int device = 0, major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(kRowThreads);
+  cfg.stream = stream;
+  cfg.attrs = &pdl;
+  cfg.numAttrs = major >= 9 ? 1 : 0;
+  err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T>, logits, row_stride, vocab, static_cast<int>(splits), inv_t,
+                           static_cast<const uint64_t*>(cand), static_cast<const uint32_t*>(counts), argmax, top_k,
+                           top_p, rng, ids, first_bad);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
 }
 

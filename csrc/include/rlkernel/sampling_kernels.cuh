@@ -55,6 +55,8 @@ __global__ void __launch_bounds__(kCandThreads)
                                int32_t* __restrict__ first_bad) {
   __shared__ uint32_t scratch[kCandThreads / 32];
   __shared__ uint32_t any_all[2][kCandThreads / 32];
+  __shared__ uint32_t n_cand;
+  if (threadIdx.x == 0) n_cand = 0;  // published by the barriers of the bound search
   if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
   const int64_t row = blockIdx.x / splits;
   const int split = blockIdx.x % splits;
@@ -111,13 +113,8 @@ __global__ void __launch_bounds__(kCandThreads)
     if (__syncthreads_count(tmax >= c) >= k) bound = c;
   }
   bound = max(bound, 1u);  // never keep padding (kNoKey)
-  uint32_t mine = 0;
-#pragma unroll
-  for (int e = 0; e < kVecsPerThread * kVec; ++e) mine += keys[e] >= bound;
-  uint32_t total;
-  uint32_t pos = block_exclusive_scan<kCandThreads>(mine, scratch, &total);
-  if (threadIdx.x == 0) counts[blockIdx.x] = total;
-  if (total > kCandCap) return;  // the row overflows: its select block reads the whole row
+  // Emit in whatever order the shared counter hands out slots: select sorts the candidates by their (unique)
+  // packed value, so the order here changes nothing downstream.
   uint64_t* out = cand + static_cast<int64_t>(blockIdx.x) * kCandCap;
 #pragma unroll
   for (int j = 0; j < kVecsPerThread; ++j) {
@@ -125,11 +122,14 @@ __global__ void __launch_bounds__(kCandThreads)
     for (int i = 0; i < kVec; ++i) {
       const uint32_t key = keys[j * kVec + i];
       if (key >= bound) {
+        const uint32_t pos = atomicAdd(&n_cand, 1u);
         const int64_t id = start + (static_cast<int64_t>(j) * kCandThreads + threadIdx.x) * kVec + i;
-        out[pos++] = pack_desc(key, id);
+        if (pos < kCandCap) out[pos] = pack_desc(key, id);  // beyond the cap the row overflows (select checks)
       }
     }
   }
+  __syncthreads();
+  if (threadIdx.x == 0) counts[blockIdx.x] = n_cand;
 }
 
 // ---- one warp sorts 128 packed values, descending: element e = 4 * lane + r is v[r] of that lane ----
@@ -270,6 +270,10 @@ __global__ void __launch_bounds__(kRowThreads)
                            bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
                            int32_t* first_bad) {
   __shared__ SelectSmem sm;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // launched as a programmatic dependent of the candidates grid (Hopper+): from here on its writes are visible
+  cudaGridDependencySynchronize();
+#endif
   const int64_t row = blockIdx.x;
   const FilterArgs args{vocab, row, argmax, argmax ? 1 : top_k, top_p,
                         argmax ? RngSeedOffset{0, 0} : unpack(rng), ids, first_bad};
