@@ -100,19 +100,6 @@ __device__ __forceinline__ bool better(float sa, int64_t ia, float sb, int64_t i
 
 // ---- block reductions (all threads of the block call them; result returned to all) ----
 template <int NT>
-__device__ __forceinline__ uint32_t block_sum_u32(uint32_t v, uint32_t* scratch) {
-  v = __reduce_add_sync(kFullMask, v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  uint32_t total = 0;
-#pragma unroll
-  for (int w = 0; w < NT / 32; ++w) total += scratch[w];
-  return total;
-}
-
-template <int NT>
 __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* scratch) {
   v = __reduce_max_sync(kFullMask, v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -123,20 +110,6 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* scratch)
 #pragma unroll
   for (int w = 0; w < NT / 32; ++w) m = max(m, scratch[w]);
   return m;
-}
-
-template <int NT>
-__device__ __forceinline__ float block_sum_f32(float v, float* scratch) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < NT / 32; ++w) total += scratch[w];  // fixed order: deterministic
-  return total;
 }
 
 // Best (score, id) of the block; threads without a candidate pass (-inf, INT64_MAX).

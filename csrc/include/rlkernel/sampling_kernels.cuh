@@ -53,7 +53,6 @@ __global__ void __launch_bounds__(kCandThreads)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                float inv_t, int k, uint64_t* __restrict__ cand, uint32_t* __restrict__ counts,
                                int32_t* __restrict__ first_bad) {
-  __shared__ uint32_t scratch[kCandThreads / 32];
   __shared__ uint32_t any_all[2][kCandThreads / 32];
   __shared__ uint32_t n_cand;
   if (threadIdx.x == 0) n_cand = 0;  // published by the barriers of the bound search
