@@ -19,7 +19,7 @@ from rlkernel import _ext
 from rlkernel.ops.logp_fused import as_rows
 from rlkernel.validate import validation_enabled
 
-NO_BAD_ROW = 0x7F7F7F7F  # the bytes of the launcher's 0x7F memset (csrc/include/rlkernel/sampling_api.cuh)
+NO_BAD_ROW = 0x7F7F7F7F  # kNoBadRow of csrc/include/rlkernel/sampling_api.cuh (the bytes of a 0x7F memset)
 
 _registered = False
 
