@@ -49,6 +49,18 @@ struct FilterArgs {
   int32_t* first_bad;
 };
 
+__device__ __forceinline__ void mark_bad_row(const FilterArgs& a) {  // one thread per row
+  a.ids[a.row] = -1;
+  atomicMin(a.first_bad, static_cast<int32_t>(a.row));
+}
+
+// top-p in 2^-40 fixed point over the top-k set's mass z: a token is kept while the mass before it is < target
+// (also the fast path's cut: finish_sorted, sampling_kernels.cuh)
+__device__ __forceinline__ uint64_t top_p_target(double top_p, uint64_t z) {
+  const uint64_t target = static_cast<uint64_t>(ceil(top_p * static_cast<double>(z)));
+  return min(max(target, uint64_t{1}), z);
+}
+
 template <int NT, class Src>
 __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& sm) {
   // 1. the row's largest key, whether it has a NaN, and (for T = 0) the first maximal id
@@ -57,7 +69,7 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
   src.visit([&](uint32_t key, int64_t id) {
     mx = max(mx, key);
     nan |= key == kNanKey;
-    const uint64_t pk = (static_cast<uint64_t>(key) << 32) | (0xffffffffu - static_cast<uint32_t>(id));
+    const uint64_t pk = pack_desc(key, id);
     best = pk > best ? pk : best;
   });
   if (a.argmax) {
@@ -66,10 +78,9 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
       const uint32_t top = static_cast<uint32_t>(best >> 32);
       // a NaN (the largest key) or no logit above -inf: no distribution at T = 0 either (contracts, section 1)
       if (top == kNanKey || top <= float_key(__uint_as_float(0xff800000u))) {
-        a.ids[a.row] = -1;
-        atomicMin(a.first_bad, static_cast<int32_t>(a.row));
+        mark_bad_row(a);
       } else {
-        a.ids[a.row] = static_cast<int64_t>(0xffffffffu - static_cast<uint32_t>(best));
+        a.ids[a.row] = unpack_id(best);
       }
     }
     return;
@@ -78,10 +89,7 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
   nan = block_max_u32<NT>(nan, sm.u32);
   const float s_max = key_float(mx);
   if (nan || isinf(s_max)) {  // softmax has no value: no distribution to draw from
-    if (threadIdx.x == 0) {
-      a.ids[a.row] = -1;
-      atomicMin(a.first_bad, static_cast<int32_t>(a.row));
-    }
+    if (threadIdx.x == 0) mark_bad_row(a);
     return;
   }
   const int id_bits = bits_for(a.vocab);
@@ -115,8 +123,7 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
       if (kept_k(key, id)) z += fixed_weight(key, s_max);
     });
     z = block_reduce_u64<NT>(z, false, sm.u64);
-    uint64_t target = static_cast<uint64_t>(ceil(a.top_p * static_cast<double>(z)));
-    target = min(max(target, uint64_t{1}), z);
+    const uint64_t target = top_p_target(a.top_p, z);
     const SelectResult r = radix_select<NT, true>(src, kept_k, by_key, 32, target, s_max, sm);
     t_p = r.value;
     const uint64_t w_t = fixed_weight(t_p, s_max);

@@ -27,8 +27,9 @@ constexpr int kRowThreads = 512;
 // Candidates a select block sorts (32 KiB, sharing shared memory with the whole-row path's histograms): a row
 // with more (many ties at its k-th value) takes the whole-row path.
 constexpr int kMaxSmemCand = 4096;
-static_assert(kMaxFastK <= 4 * 32, "finish_sorted: one warp, 4 sorted entries per lane");
-static_assert(kMaxSmemCand % 128 == 0, "whole runs of 128");
+constexpr int kRun = 128;  // values one warp sorts (4 per lane)
+static_assert(kMaxFastK <= kRun, "finish_sorted: the first k of one sorted run");
+static_assert(kMaxSmemCand % kRun == 0, "whole runs");
 
 template <typename T>
 __device__ __forceinline__ void load4(const T* p, int64_t base, int64_t vocab, bool aligned, float out[kVec]) {
@@ -131,8 +132,7 @@ __global__ void __launch_bounds__(kCandThreads)
   if (threadIdx.x == 0) counts[blockIdx.x] = n_cand;
 }
 
-// ---- one warp sorts 128 packed values, descending: element e = 4 * lane + r is v[r] of that lane ----
-constexpr int kRun = 128;
+// ---- one warp sorts kRun packed values, descending: element e = 4 * lane + r is v[r] of that lane ----
 
 // One bitonic stage on the pairs (e, e ^ stride): the lower index takes the larger value where bit `size` of e
 // is clear, the smaller where it is set (size 0: every pair descending, as the merge needs).
@@ -224,8 +224,7 @@ __device__ __forceinline__ void finish_sorted(const uint64_t v[4], int n, const 
   }
   const uint64_t z = __shfl_sync(kFullMask, inc, 31);
   const bool p_on = a.top_p < 1.0;
-  uint64_t target = static_cast<uint64_t>(ceil(a.top_p * static_cast<double>(z)));
-  target = min(max(target, uint64_t{1}), z);
+  const uint64_t target = top_p_target(a.top_p, z);
   uint64_t before = inc - local;  // mass of the entries ahead of this lane's first
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
