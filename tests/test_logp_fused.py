@@ -183,6 +183,15 @@ def test_inplace_backward_overwrites_the_logits_storage(fused):
     assert same_bits(rows.detach(), grad)
 
 
+def _assert_rows_alone_bitwise(fused, x, ids, temperature, logp, ent, rows):
+    """Each row, run alone (a fresh, aligned copy), gives the bits it got inside the batch."""
+    for r in rows:
+        alone, alone_ent = fused.logp_fused(x[r:r + 1].clone(), ids[r:r + 1], temperature=temperature,
+                                            ignore_index=IGNORE, return_entropy=True, inplace_backward=False)
+        assert alone.view(torch.int32).item() == logp[r:r + 1].view(torch.int32).item(), f"row {r}: logp bits"
+        assert alone_ent.view(torch.int32).item() == ent[r:r + 1].view(torch.int32).item(), f"row {r}: entropy bits"
+
+
 def test_bitwise_alone_vs_batch_of_16384(fused):
     n, v = 16384, 128256
     x, ids = make_logits(n, v, torch.bfloat16, seed=11)
@@ -199,11 +208,7 @@ def test_bitwise_alone_vs_batch_of_16384(fused):
     assert_close(logp[rows], want_logp, 2e-5, 1e-6, "logp (batch)")
     assert_close(ent[rows], want_ent, 2e-5, 1e-5, "entropy (batch)")
     assert bool(logp[3:].isfinite().all()) and bool(ent[1:2].isfinite().all() & ent[3:].isfinite().all())
-    for r in [3, 777, n - 1]:
-        alone, alone_ent = fused.logp_fused(x[r:r + 1].clone(), ids[r:r + 1], temperature=1.0,
-                                            ignore_index=IGNORE, return_entropy=True, inplace_backward=False)
-        assert alone.view(torch.int32).item() == logp[r:r + 1].view(torch.int32).item(), f"row {r}: logp bits"
-        assert alone_ent.view(torch.int32).item() == ent[r:r + 1].view(torch.int32).item(), f"row {r}: entropy bits"
+    _assert_rows_alone_bitwise(fused, x, ids, 1.0, logp, ent, [3, 777, n - 1])
 
 
 def test_bitwise_alone_vs_batch_unaligned_rows(fused):
@@ -211,11 +216,7 @@ def test_bitwise_alone_vs_batch_unaligned_rows(fused):
     x, ids = make_logits(4096, 4095, torch.float16, seed=5)
     logp, ent = fused.logp_fused(x, ids, temperature=0.6, ignore_index=IGNORE, return_entropy=True,
                                  inplace_backward=False)
-    for r in [3, 4, 5, 6, 7, 8, 9, 10, 4095]:
-        alone, alone_ent = fused.logp_fused(x[r:r + 1].clone(), ids[r:r + 1], temperature=0.6,
-                                            ignore_index=IGNORE, return_entropy=True, inplace_backward=False)
-        assert alone.view(torch.int32).item() == logp[r:r + 1].view(torch.int32).item(), f"row {r}"
-        assert alone_ent.view(torch.int32).item() == ent[r:r + 1].view(torch.int32).item(), f"row {r}"
+    _assert_rows_alone_bitwise(fused, x, ids, 0.6, logp, ent, [3, 4, 5, 6, 7, 8, 9, 10, 4095])
 
 
 def test_nan_row_gives_nan(fused):
