@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
+#include <mutex>
+
 #include "rlkernel/sampling_api.cuh"
 #include "rlkernel/sampling_kernels.cuh"
 
@@ -27,6 +29,37 @@ bool use_fast_path(int64_t vocab, float temperature, int64_t top_k) {
   return small_k && splits_for(vocab) <= kRowThreads;
 }
 
+// What the fast path's launches need to know about a device, found once per device and element type: the
+// candidates kernel's dynamic shared memory opt-in, its resident blocks (the persistent grid), and whether
+// programmatic dependent launch exists (compute capability 9+).
+struct FastPathDevice {
+  cudaError_t err = cudaSuccess;
+  int major = 0;
+  int candidate_blocks = 0;  // resident candidates blocks on the whole device
+};
+constexpr int kMaxDevices = 64;
+
+template <typename T>
+const FastPathDevice& fast_path_device(int device) {
+  static std::once_flag once[kMaxDevices];
+  static FastPathDevice info[kMaxDevices];
+  std::call_once(once[device], [device] {
+    FastPathDevice& d = info[device];
+    constexpr int smem = static_cast<int>(kStages * kStageBytes<T>);
+    int sms = 0, per_sm = 0;
+    d.err = cudaFuncSetAttribute(rlkernel_sample_candidates<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (d.err == cudaSuccess) d.err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device);
+    if (d.err == cudaSuccess) d.err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (d.err == cudaSuccess) {
+      d.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rlkernel_sample_candidates<T>, kCandThreads,
+                                                            smem);
+    }
+    d.candidate_blocks = per_sm * sms;
+    if (d.err == cudaSuccess && d.candidate_blocks == 0) d.err = cudaErrorInvalidConfiguration;
+  });
+  return info[device];
+}
+
 template <typename T>
 const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, float temperature,
                          int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids, int32_t* first_bad,
@@ -42,18 +75,22 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   }
   const int64_t splits = splits_for(vocab);
   if (workspace_bytes < sample_workspace_bytes(rows, vocab, temperature, top_k)) return "sample workspace too small";
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (device >= kMaxDevices) return "device index beyond the sampler's per-device table";
+  const FastPathDevice& dev = fast_path_device<T>(device);
+  if (dev.err != cudaSuccess) return cudaGetErrorString(dev.err);
   auto* cand = static_cast<uint64_t*>(workspace);
   auto* counts = reinterpret_cast<uint32_t*>(cand + rows * splits * kCandCap);
+  const int64_t chunks = rows * splits;
+  const unsigned grid = static_cast<unsigned>(chunks < dev.candidate_blocks ? chunks : dev.candidate_blocks);
   // the candidates kernel also sets *first_bad = kNoBadRow (no memset launch on this path)
-  rlkernel_sample_candidates<T><<<static_cast<unsigned>(rows * splits), kCandThreads, 0, stream>>>(
-      logits, row_stride, vocab, static_cast<int>(splits), inv_t, argmax ? 1 : static_cast<int>(top_k), cand,
-      counts, first_bad);
+  rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
+      logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), inv_t,
+      argmax ? 1 : static_cast<int>(top_k), cand, counts, first_bad);
   // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid
   // drains and waits for its results in cudaGridDependencySynchronize, hiding the gap between the two kernels.
-  int device = 0, major = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;
@@ -62,7 +99,7 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   cfg.blockDim = dim3(kRowThreads);
   cfg.stream = stream;
   cfg.attrs = &pdl;
-  cfg.numAttrs = major >= 9 ? 1 : 0;
+  cfg.numAttrs = dev.major >= 9 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T>, logits, row_stride, vocab, static_cast<int>(splits), inv_t,
                            static_cast<const uint64_t*>(cand), static_cast<const uint32_t*>(counts), argmax, top_k,
                            top_p, rng, ids, first_bad);

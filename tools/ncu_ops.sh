@@ -15,7 +15,7 @@ case $op in
 esac
 ncu --clock-control none -k regex:rlkernel_ --launch-skip $((2 * per_call)) --launch-count "$per_call" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-  --section LaunchStats --section SchedulerStats --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+  --section LaunchStats --section SchedulerStats --metrics dram__bytes_read.sum,dram__bytes_write.sum,smsp__inst_executed.sum \
   python3 -c "
 import torch, rlkernel
 $make

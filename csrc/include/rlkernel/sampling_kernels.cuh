@@ -1,8 +1,9 @@
 // The fused sampler's kernels.
 //  fast path (1 <= top_k <= kMaxFastK, or T = 0):
-//    rlkernel_sample_candidates: one block per 8192-token chunk of a row reads it once and keeps a superset of
-//      the chunk's top-k: every token >= L, L <= the k-th largest of the block's 256 per-thread maxima (at least
-//      k tokens are >= L, so the chunk's k-th largest, and every token tied with it, is >= L).
+//    rlkernel_sample_candidates: a persistent grid walks the rows' 8192-token chunks, staging the next chunk in
+//      shared memory (cp.async) while it filters this one: it keeps a superset of the chunk's top-k, every token
+//      >= L, L <= the k-th largest of the block's 256 per-thread maxima (at least k tokens are >= L, so the
+//      chunk's k-th largest, and every token tied with it, is >= L).
 //    rlkernel_sample_select: one block per row stages the candidates of all chunks in shared memory (a few
 //      thousand: the row's top-k is among them, ties included); its warps sort runs of 128 and merge them,
 //      keeping the best 128 (warp shuffles, no block barrier but two per merge level), and warp 0 runs the exact
@@ -17,9 +18,8 @@ namespace rlkernel {
 namespace sampling {
 
 constexpr int kCandThreads = 256;
-constexpr int kVec = 4;                                   // tokens per vector load
-constexpr int kVecsPerThread = 8;                         // 32 tokens per thread
-constexpr int kChunk = kCandThreads * kVec * kVecsPerThread;  // 8192 tokens per block
+constexpr int kTokensPerThread = 32;
+constexpr int kChunk = kCandThreads * kTokensPerThread;  // 8192 tokens per chunk
 constexpr int kBoundBits = 14;  // bits of L the candidates kernel decides below its maxima's common prefix
 constexpr int kMaxFastK = 128;
 constexpr int kCandCap = 4 * kMaxFastK;  // candidates one chunk may keep before its row overflows
@@ -31,105 +31,258 @@ constexpr int kRun = 128;  // values one warp sorts (4 per lane)
 static_assert(kMaxFastK <= kRun, "finish_sorted: the first k of one sorted run");
 static_assert(kMaxSmemCand % kRun == 0, "whole runs");
 
+// A chunk as each thread stages it: vector j of thread t (16 bytes: kVecTokens(T) tokens) covers tokens
+// start + (j * kCandThreads + t) * kVecTokens ...: coalesced across the warp. A thread reads back only the
+// vectors it copied itself, so its shared-memory slots need no block barrier.
 template <typename T>
-__device__ __forceinline__ void load4(const T* p, int64_t base, int64_t vocab, bool aligned, float out[kVec]) {
-  if (aligned && base + kVec <= vocab) {
-    if constexpr (sizeof(T) == 4) {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(p + base));
-      out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
-    } else {
-      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p + base));
-      const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) out[i] = to_float(h[i]);
+constexpr int kVecTokens = 16 / static_cast<int>(sizeof(T));
+template <typename T>
+constexpr int kVecsPerThread = kTokensPerThread / kVecTokens<T>;
+template <typename T>
+constexpr int kVecStride = kCandThreads * kVecTokens<T>;  // tokens between a thread's vectors j and j + 1
+template <typename T>
+constexpr size_t kStageBytes = sizeof(T) * kChunk;
+constexpr int kStages = 2;  // the chunk being filtered and the next one in flight
+
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+
+// Chunk (row, split) of the rows x splits grid, stepped by the grid's stride without a division per chunk.
+struct ChunkCursor {
+  int row, split;
+  __device__ __forceinline__ void advance(int rows_step, int splits_step, int splits) {
+    row += rows_step;
+    split += splits_step;
+    if (split >= splits) {
+      split -= splits;
+      ++row;
     }
+  }
+};
+
+template <typename T>
+struct Chunk {
+  const T* row_ptr;
+  int64_t start;  // the chunk's first token
+  bool aligned;   // the row starts on 16 bytes: its whole vectors can be staged
+  bool regular;   // aligned and the whole chunk inside the row: no check per vector (all chunks but a row's last)
+};
+
+template <typename T>
+__device__ __forceinline__ Chunk<T> chunk_at(const T* logits, int64_t row_stride, int64_t vocab, ChunkCursor cur) {
+  const T* p = logits + static_cast<int64_t>(cur.row) * row_stride;
+  const int64_t start = static_cast<int64_t>(cur.split) * kChunk;
+  const bool aligned = reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return Chunk<T>{p, start, aligned, aligned && start + kChunk <= vocab};
+}
+
+// Vector j of this thread: staged in shared memory (a whole vector of an aligned row) or read from global memory
+// when the chunk is filtered.
+template <typename T>
+__device__ __forceinline__ bool vec_staged(const Chunk<T>& ch, int64_t vocab, int j) {
+  return ch.aligned && ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T> +
+                           kVecTokens<T> <= vocab;
+}
+
+// Starts the copy of this thread's vectors of `ch` into its slots at shared address `slots`.
+template <typename T>
+__device__ __forceinline__ void stage_chunk(const Chunk<T>& ch, int64_t vocab, uint32_t slots) {
+  const T* src = ch.row_ptr + ch.start + static_cast<int>(threadIdx.x) * kVecTokens<T>;
+  if (ch.regular) {  // the common case, straight-line: eight copies at fixed offsets
+#pragma unroll
+    for (int j = 0; j < kVecsPerThread<T>; ++j) cp_async16(slots + j * kCandThreads * 16, src + j * kVecStride<T>);
   } else {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) out[i] = base + i < vocab ? to_float(__ldg(p + base + i)) : 0.f;
+    for (int j = 0; j < kVecsPerThread<T>; ++j) {
+      if (vec_staged(ch, vocab, j)) cp_async16(slots + j * kCandThreads * 16, src + j * kVecStride<T>);
+    }
   }
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kCandThreads)
-    rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
-                               float inv_t, int k, uint64_t* __restrict__ cand, uint32_t* __restrict__ counts,
-                               int32_t* __restrict__ first_bad) {
-  __shared__ uint32_t any_all[2][kCandThreads / 32];
-  __shared__ uint32_t n_cand;
-  if (threadIdx.x == 0) n_cand = 0;  // published by the barriers of the bound search
-  if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
-  const int64_t row = blockIdx.x / splits;
-  const int split = blockIdx.x % splits;
-  const T* p = logits + row * row_stride;
-  const int64_t start = static_cast<int64_t>(split) * kChunk;
-  const bool aligned = reinterpret_cast<uintptr_t>(p) % (kVec * sizeof(T)) == 0;
+// max with NaN winning (max.NaN, sm_80+): a NaN anywhere in a thread's tokens makes its maximum NaN
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+__device__ __forceinline__ float vec_max_nan(const uint4& v, const float*) {
+  return fmax_nan(fmax_nan(__uint_as_float(v.x), __uint_as_float(v.y)),
+                  fmax_nan(__uint_as_float(v.z), __uint_as_float(v.w)));
+}
+template <typename H2>  // __half2 / __nv_bfloat162: pairwise on the packed halves, one conversion at the end
+__device__ __forceinline__ float vec_max_nan2(const uint4& v) {
+  const H2* h = reinterpret_cast<const H2*>(&v);
+  const H2 m = __hmax2_nan(__hmax2_nan(h[0], h[1]), __hmax2_nan(h[2], h[3]));
+  return fmax_nan(to_float(m.x), to_float(m.y));
+}
+__device__ __forceinline__ float vec_max_nan(const uint4& v, const __half*) { return vec_max_nan2<__half2>(v); }
+__device__ __forceinline__ float vec_max_nan(const uint4& v, const __nv_bfloat16*) {
+  return vec_max_nan2<__nv_bfloat162>(v);
+}
 
-  // vector j of thread t covers tokens start + (j * threads + t) * 4 ...: coalesced across the warp
-  uint32_t keys[kVecsPerThread * kVec];
-  if (aligned && start + kChunk <= vocab) {  // a whole aligned chunk (all but a row's last): no bounds checks
+// The largest logit among this thread's tokens of the chunk (unscaled: 1/T > 0 keeps the order), NaN if any is
+// NaN, -inf if they are all -inf (or none is in the row). mine: this thread's slots (generic shared pointer).
+template <typename T, bool kRegular>
+__device__ __forceinline__ float thread_max(const Chunk<T>& ch, int64_t vocab, const T* mine) {
+  float m = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < kVecsPerThread; ++j) {
-      float x[kVec];
-      load4(p, start + (j * kCandThreads + static_cast<int>(threadIdx.x)) * kVec, vocab, true, x);
+  for (int j = 0; j < kVecsPerThread<T>; ++j) {
+    if (kRegular || vec_staged(ch, vocab, j)) {
+      m = fmax_nan(m, vec_max_nan(*reinterpret_cast<const uint4*>(mine + j * kVecStride<T>), mine));
+    } else {
+      const int64_t base = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) keys[j * kVec + i] = float_key(scaled(x[i], inv_t));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVecsPerThread; ++j) {
-      const int64_t base = start + (static_cast<int64_t>(j) * kCandThreads + threadIdx.x) * kVec;
-      float x[kVec];
-      load4(p, base, vocab, aligned, x);
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) keys[j * kVec + i] = base + i < vocab ? float_key(scaled(x[i], inv_t)) : kNoKey;
-    }
-  }
-  uint32_t tmax = kNoKey;
-#pragma unroll
-  for (int e = 0; e < kVecsPerThread * kVec; ++e) tmax = max(tmax, keys[e]);
-  // L: at least k per-thread maxima are >= L (so >= k tokens are), found bit by bit from the top, each bit kept
-  // while that still holds (L = the k-th largest maximum, or 0 when fewer than k threads hold tokens). Every
-  // maximum shares the bits above the highest bit where they differ (OR ^ AND), so the search starts below it
-  // and stops after kBoundBits bits, the rest left 0: L may end a little lower (a few more candidates, never a
-  // lost one) for a third of the barriers.
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const uint32_t w_any = __reduce_or_sync(kFullMask, tmax), w_all = __reduce_and_sync(kFullMask, tmax);
-  if (lane == 0) {
-    any_all[0][warp] = w_any;
-    any_all[1][warp] = w_all;
-  }
-  __syncthreads();
-  uint32_t any = 0, all = ~0u;
-#pragma unroll
-  for (int w = 0; w < kCandThreads / 32; ++w) {
-    any |= any_all[0][w];
-    all &= any_all[1][w];
-  }
-  const uint32_t differ = any ^ all;
-  const int high = differ ? 31 - __clz(static_cast<int>(differ)) : -1;
-  uint32_t bound = high < 0 ? any : any & ~((2u << high) - 1u);  // the common prefix: all 256 maxima are >= it
-  for (int b = high; b >= 0 && b > high - kBoundBits; --b) {
-    const uint32_t c = bound | (1u << b);
-    if (__syncthreads_count(tmax >= c) >= k) bound = c;
-  }
-  bound = max(bound, 1u);  // never keep padding (kNoKey)
-  // Emit in whatever order the shared counter hands out slots: select sorts the candidates by their (unique)
-  // packed value, so the order here changes nothing downstream.
-  uint64_t* out = cand + static_cast<int64_t>(blockIdx.x) * kCandCap;
-#pragma unroll
-  for (int j = 0; j < kVecsPerThread; ++j) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const uint32_t key = keys[j * kVec + i];
-      if (key >= bound) {
-        const uint32_t pos = atomicAdd(&n_cand, 1u);
-        const int64_t id = start + (static_cast<int64_t>(j) * kCandThreads + threadIdx.x) * kVec + i;
-        if (pos < kCandCap) out[pos] = pack_desc(key, id);  // beyond the cap the row overflows (select checks)
+      for (int i = 0; i < kVecTokens<T>; ++i) {
+        if (base + i < vocab) m = fmax_nan(m, to_float(__ldg(ch.row_ptr + base + i)));
       }
     }
   }
+  return m;
+}
+
+// Bit e of the result: this thread's token e (vector e / kVecTokens, element e % kVecTokens) is in the row and
+// its scaled logit is not below s_bound (NaN included: it must reach select, which marks the row bad).
+template <typename T, bool kRegular>
+__device__ __forceinline__ uint32_t kept_mask(const Chunk<T>& ch, int64_t vocab, float inv_t, float s_bound,
+                                              const T* mine) {
+  uint32_t mask = 0;
+#pragma unroll
+  for (int j = 0; j < kVecsPerThread<T>; ++j) {
+    if (kRegular || vec_staged(ch, vocab, j)) {
+      const uint4 v = *reinterpret_cast<const uint4*>(mine + j * kVecStride<T>);
+      const T* x = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int i = 0; i < kVecTokens<T>; ++i) {
+        if (!(scaled(to_float(x[i]), inv_t) < s_bound)) mask |= 1u << (j * kVecTokens<T> + i);
+      }
+    } else {
+      const int64_t base = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
+#pragma unroll
+      for (int i = 0; i < kVecTokens<T>; ++i) {
+        if (base + i < vocab && !(scaled(to_float(__ldg(ch.row_ptr + base + i)), inv_t) < s_bound)) {
+          mask |= 1u << (j * kVecTokens<T> + i);
+        }
+      }
+    }
+  }
+  return mask;
+}
+
+struct CandidateSmem {
+  uint32_t maxima[kCandThreads];
+  uint32_t bound;
+  uint32_t n_cand;
+};
+
+// Warp 0, after the block's per-thread maxima are in sm.maxima: L, the largest value with at least k maxima >= L,
+// found bit by bit from the top (each bit kept while that still holds; 0 when fewer than k threads hold tokens).
+// Every maximum shares the bits above the highest bit where they differ (OR ^ AND), so the search starts below
+// it and stops after kBoundBits bits, the rest left 0: L may end a little lower (a few more candidates, never a
+// lost one). One warp counts with a warp reduction per bit while the others wait at one barrier, instead of a
+// block barrier per bit.
+__device__ __forceinline__ uint32_t warp_bound(const uint32_t* maxima, int k) {
+  const int lane = threadIdx.x % 32;
+  constexpr int kPerLane = kCandThreads / 32;
+  uint32_t m[kPerLane], any = 0, all = ~0u;
+#pragma unroll
+  for (int r = 0; r < kPerLane; ++r) {
+    m[r] = maxima[r * 32 + lane];
+    any |= m[r];
+    all &= m[r];
+  }
+  any = __reduce_or_sync(kFullMask, any);
+  all = __reduce_and_sync(kFullMask, all);
+  const uint32_t differ = any ^ all;
+  const int high = differ ? 31 - __clz(static_cast<int>(differ)) : -1;
+  uint32_t bound = high < 0 ? any : any & ~((2u << high) - 1u);  // the common prefix: all maxima are >= it
+  for (int b = high; b >= 0 && b > high - kBoundBits; --b) {
+    const uint32_t cb = bound | (1u << b);
+    uint32_t n = 0;
+#pragma unroll
+    for (int r = 0; r < kPerLane; ++r) n += m[r] >= cb;
+    if (static_cast<int>(__reduce_add_sync(kFullMask, n)) >= k) bound = cb;
+  }
+  return bound;
+}
+
+// One chunk: the bound L from the per-thread maxima (warp_bound), then every token at or above it written to out (its slot
+// from a shared counter), and the count to *count.
+template <typename T, bool kRegular>
+__device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
+                                             uint64_t* out, uint32_t* count, CandidateSmem& sm) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) sm.n_cand = 0;  // published by the barriers of the bound search
+  const bool has_real = ch.start + static_cast<int>(threadIdx.x) * kVecTokens<T> < vocab;
+  sm.maxima[threadIdx.x] = has_real ? float_key(scaled(thread_max<T, kRegular>(ch, vocab, mine), inv_t)) : kNoKey;
   __syncthreads();
-  if (threadIdx.x == 0) counts[blockIdx.x] = n_cand;
+  if (warp == 0) {
+    const uint32_t l = warp_bound(sm.maxima, k);
+    if (lane == 0) sm.bound = l;
+  }
+  __syncthreads();
+  const uint32_t bound = sm.bound;
+  // The tokens kept are those whose scaled logit s is not below L's float (every s with key(s) >= L, and a few
+  // -0.0 more when L is +0.0's key). L at or below -inf's key keeps the whole chunk (its row then overflows and
+  // takes the whole-row path); at or above +inf's key only +inf and NaN tokens reach it.
+  const float s_bound = bound <= float_key(-INFINITY) ? -INFINITY
+                        : bound >= float_key(INFINITY) ? INFINITY
+                                                       : key_float(bound);
+  uint32_t mask = kept_mask<T, kRegular>(ch, vocab, inv_t, s_bound, mine);
+  // a shared counter hands out slots; select sorts the candidates by their (unique) packed value, so the order
+  // they land in changes nothing downstream
+  const uint32_t n_mine = __popc(mask);
+  uint32_t pos = n_mine ? atomicAdd(&sm.n_cand, n_mine) : 0u;
+  for (; mask != 0; mask &= mask - 1, ++pos) {
+    const int e = __ffs(static_cast<int>(mask)) - 1;
+    const int j = e / kVecTokens<T>, i = e % kVecTokens<T>;
+    const int64_t id = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T> + i;
+    const T x = (kRegular || vec_staged(ch, vocab, j)) ? mine[j * kVecStride<T> + i] : __ldg(ch.row_ptr + id);
+    if (pos < kCandCap) out[pos] = pack_desc(float_key(scaled(to_float(x), inv_t)), id);  // else: overflow
+  }
+  __syncthreads();  // every slot of this chunk is in n_cand (and maxima, bound are free for the next chunk)
+  if (threadIdx.x == 0) *count = sm.n_cand;
+}
+
+// Persistent: block b filters chunks b, b + gridDim.x, ... of the rows x splits grid (row-major), the next
+// chunk's copy (cp.async into the other stage) in flight while this one's bound is searched, so the block's
+// barriers never leave its memory pipe empty. Each chunk is read twice from shared memory: once for the
+// per-thread maxima, once to mark the tokens at or above the bound.
+template <typename T>
+__global__ void __launch_bounds__(kCandThreads)
+    rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
+                               int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
+                               uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
+  extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
+  __shared__ CandidateSmem sm;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
+  const T* mine0 = reinterpret_cast<const T*>(stage_bytes) + threadIdx.x * kVecTokens<T>;  // this thread's slots
+  const uint32_t slots0 = static_cast<uint32_t>(__cvta_generic_to_shared(mine0));
+  const int rows_step = static_cast<int>(gridDim.x) / splits, splits_step = static_cast<int>(gridDim.x) % splits;
+  ChunkCursor cur{static_cast<int>(blockIdx.x) / splits, static_cast<int>(blockIdx.x) % splits};
+  Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
+  stage_chunk(ch, vocab, slots0);
+  cp_async_commit();
+  for (int it = 0, c = blockIdx.x; c < chunks; ++it, c += gridDim.x) {
+    ChunkCursor next = cur;
+    next.advance(rows_step, splits_step, splits);
+    const bool more = c + static_cast<int>(gridDim.x) < chunks;
+    const Chunk<T> nch = more ? chunk_at(logits, row_stride, vocab, next) : ch;
+    if (more) stage_chunk(nch, vocab, slots0 + ((it + 1) % kStages) * static_cast<uint32_t>(kStageBytes<T>));
+    cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group pending
+    cp_async_wait_all_but_newest();
+    const T* mine = mine0 + (it % kStages) * kChunk;
+    uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
+    if (ch.regular) {
+      filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, sm);
+    } else {
+      filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, sm);
+    }
+    ch = nch;
+    cur = next;
+  }
 }
 
 // ---- one warp sorts kRun packed values, descending: element e = 4 * lane + r is v[r] of that lane ----
