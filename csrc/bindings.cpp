@@ -9,19 +9,11 @@
 #include <optional>
 
 #include "rlkernel/logp_api.h"
+#include "rlkernel/torch_elem_type.h"
 
 namespace {
 
 using at::Tensor;
-
-rlkernel::ElemType elem_type(const Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return rlkernel::ElemType::kFloat32;
-    case at::kHalf: return rlkernel::ElemType::kFloat16;
-    case at::kBFloat16: return rlkernel::ElemType::kBFloat16;
-    default: TORCH_CHECK(false, "rlkernel: logits dtype ", t.scalar_type(), " unsupported (float16/bfloat16/float32)");
-  }
-}
 
 void check_rows(const Tensor& logits, const Tensor& ids) {
   TORCH_CHECK(logits.is_cuda(), "rlkernel: logits must be a CUDA tensor");
@@ -41,6 +33,20 @@ const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tens
   return g->data_ptr<float>();
 }
 
+// The fields the forward and backward launchers share: the rows, their ids, T, ignore_index and the stream.
+template <class Args>
+void fill_rows(Args& a, const Tensor& logits, const Tensor& ids, double temperature, int64_t ignore_index) {
+  a.logits = logits.data_ptr();
+  a.row_stride = logits.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = logits.size(0);
+  a.vocab = logits.size(1);
+  a.dtype = rlkernel::elem_type_of(logits, "rlkernel");
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.stream = rlkernel::current_cuda_stream(logits.device().index());
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
                                                         int64_t ignore_index, bool compute_entropy,
                                                         bool /*inplace_backward*/, c10::string_view /*requested*/) {
@@ -54,19 +60,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, co
   Tensor stats = at::empty({n, 2}, f32);
   Tensor bad_pos = at::empty({1}, logits.options().dtype(at::kLong));
   rlkernel::LogpForwardArgs a{};
-  a.logits = logits.data_ptr();
-  a.row_stride = logits.stride(0);
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
-  a.vocab = logits.size(1);
-  a.dtype = elem_type(logits);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
+  fill_rows(a, logits, ids, temperature, ignore_index);
   a.logp = logp.data_ptr<float>();
   a.entropy = compute_entropy ? entropy.data_ptr<float>() : nullptr;
   a.stats = stats.data_ptr<float>();
   a.bad_pos = bad_pos.data_ptr<int64_t>();
-  a.stream = rlkernel::current_cuda_stream(logits.device().index());
   const char* err = rlkernel::logp_forward(a);
   TORCH_CHECK(err == nullptr, "rlkernel logp_forward: ", err);
   return {logp, entropy, stats, bad_pos};
@@ -81,16 +79,9 @@ void logp_backward_into(const std::optional<Tensor>& grad_logp, const std::optio
               "rlkernel: stats must be the forward's float32 [N, 2]");
   c10::DeviceGuard guard(logits.device());
   rlkernel::LogpBackwardArgs a{};
-  a.logits = logits.data_ptr();
-  a.row_stride = logits.stride(0);
+  fill_rows(a, logits, ids, temperature, ignore_index);
   a.grad = grad.data_ptr();
   a.grad_row_stride = grad.stride(0);
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
-  a.vocab = logits.size(1);
-  a.dtype = elem_type(logits);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
   a.grad_logp = optional_rows(grad_logp, n, logits, &a.grad_logp_stride);
   a.grad_entropy = optional_rows(grad_entropy, n, logits, &a.grad_entropy_stride);
   if (a.grad_entropy != nullptr) {
@@ -99,7 +90,6 @@ void logp_backward_into(const std::optional<Tensor>& grad_logp, const std::optio
     a.entropy = entropy.data_ptr<float>();
   }
   a.stats = stats.data_ptr<float>();
-  a.stream = rlkernel::current_cuda_stream(logits.device().index());
   const char* err = rlkernel::logp_backward(a);
   TORCH_CHECK(err == nullptr, "rlkernel logp_backward: ", err);
 }

@@ -13,8 +13,9 @@
 #include <optional>
 #include <tuple>
 
-#include "rlkernel/logp_api.h"  // ElemType, current_cuda_stream (csrc/cuda_stream.cpp)
+#include "rlkernel/logp_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
 #include "rlkernel/sampling_api.cuh"
+#include "rlkernel/torch_elem_type.h"
 
 namespace {
 
@@ -47,15 +48,6 @@ rlkernel::PhiloxArgs philox_args(const std::optional<at::Generator>& generator, 
   return args;
 }
 
-rlkernel::ElemType sample_elem_type(const Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return rlkernel::ElemType::kFloat32;
-    case at::kHalf: return rlkernel::ElemType::kFloat16;
-    case at::kBFloat16: return rlkernel::ElemType::kBFloat16;
-    default: TORCH_CHECK(false, "rlkernel sample: logits dtype ", t.scalar_type(), " unsupported (float16/bfloat16/float32)");
-  }
-}
-
 // Returns (ids int64 [N], first_bad int32 [1]: the first row without a distribution, else kNoBadRow).
 std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
                                   std::optional<at::Generator> generator) {
@@ -76,8 +68,8 @@ std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int6
   const size_t ws_bytes = rlkernel::sample_workspace_bytes(n, vocab, t, top_k);
   Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, logits.options().dtype(at::kByte));
   const char* err = rlkernel::sample_launch(
-      logits.data_ptr(), sample_elem_type(logits), n, vocab, n > 1 ? logits.stride(0) : vocab, t, top_k,
-      top_p, rng, ids.data_ptr<int64_t>(), first_bad.data_ptr<int32_t>(),
+      logits.data_ptr(), rlkernel::elem_type_of(logits, "rlkernel sample"), n, vocab,
+      n > 1 ? logits.stride(0) : vocab, t, top_k, top_p, rng, ids.data_ptr<int64_t>(), first_bad.data_ptr<int32_t>(),
       ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device));
   TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
   return {ids, first_bad};

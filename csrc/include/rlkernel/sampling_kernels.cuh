@@ -48,7 +48,9 @@ __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem)
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all_but_newest() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_newest() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
 
 // Chunk (row, split) of the rows x splits grid, stepped by the grid's stride without a division per chunk.
 struct ChunkCursor {
@@ -208,8 +210,8 @@ __device__ __forceinline__ uint32_t warp_bound(const uint32_t* maxima, int k) {
   return bound;
 }
 
-// One chunk: the bound L from the per-thread maxima (warp_bound), then every token at or above it written to out (its slot
-// from a shared counter), and the count to *count.
+// One chunk: the bound L from the per-thread maxima (warp_bound), then every token at or above it written to out
+// (its slot from a shared counter), and the count to *count.
 template <typename T, bool kRegular>
 __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
                                              uint64_t* out, uint32_t* count, CandidateSmem& sm) {
@@ -443,8 +445,18 @@ __global__ void __launch_bounds__(kRowThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int s = warp; s < splits; s += kRowThreads / 32) {  // one warp copies one chunk's candidates
     const uint64_t* src = cand + (row * splits + s) * kCandCap;
+    uint64_t* dst = sm.sorted + sm.offset[s];
     const uint32_t n = (s + 1 < splits ? sm.offset[s + 1] : total) - sm.offset[s];
-    for (uint32_t e = lane; e < n; e += 32) sm.sorted[sm.offset[s] + e] = src[e];
+    constexpr int kInFlight = 4;  // loads a lane issues before its first store: one L2 round trip, not four
+    for (uint32_t e0 = lane; e0 < n; e0 += kInFlight * 32) {
+      uint64_t x[kInFlight];
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) x[i] = e0 + i * 32 < n ? src[e0 + i * 32] : 0;
+#pragma unroll
+      for (int i = 0; i < kInFlight; ++i) {
+        if (e0 + i * 32 < n) dst[e0 + i * 32] = x[i];
+      }
+    }
   }
   __syncthreads();
   // each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a tree of merges across the
