@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # ncu details (speed of light, memory, warp states, occupancy, launch, warp instructions executed) of rlkernel's own
-# kernels in one fused call,
-# after warm-up calls; clocks left as they are (--clock-control none).
+# kernels in one fused call, after warm-up calls; clocks left as they are (--clock-control none).
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh sample B V          # fp32 logits, top_k 50, top_p 0.9
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh logp N V DTYPE      # forward only
 set -eu
