@@ -12,6 +12,7 @@
 // Both paths keep the same set and race the same Philox noise per (row, id): they draw the same ids.
 #pragma once
 
+#include "rlkernel/row_reduce.cuh"  // max_nan
 #include "rlkernel/sampling_filter.cuh"
 
 namespace rlkernel {
@@ -104,21 +105,17 @@ __device__ __forceinline__ void stage_chunk(const Chunk<T>& ch, int64_t vocab, u
   }
 }
 
-// max with NaN winning (max.NaN, sm_80+): a NaN anywhere in a thread's tokens makes its maximum NaN
-__device__ __forceinline__ float fmax_nan(float a, float b) {
-  float d;
-  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
-  return d;
-}
+// max_nan (row_reduce.cuh, the log-prob kernels' own): NaN wins, so a NaN anywhere in a thread's tokens makes its
+// maximum NaN
 __device__ __forceinline__ float vec_max_nan(const uint4& v, const float*) {
-  return fmax_nan(fmax_nan(__uint_as_float(v.x), __uint_as_float(v.y)),
-                  fmax_nan(__uint_as_float(v.z), __uint_as_float(v.w)));
+  return max_nan(max_nan(__uint_as_float(v.x), __uint_as_float(v.y)),
+                 max_nan(__uint_as_float(v.z), __uint_as_float(v.w)));
 }
 template <typename H2>  // __half2 / __nv_bfloat162: pairwise on the packed halves, one conversion at the end
 __device__ __forceinline__ float vec_max_nan2(const uint4& v) {
   const H2* h = reinterpret_cast<const H2*>(&v);
   const H2 m = __hmax2_nan(__hmax2_nan(h[0], h[1]), __hmax2_nan(h[2], h[3]));
-  return fmax_nan(to_float(m.x), to_float(m.y));
+  return max_nan(to_float(m.x), to_float(m.y));
 }
 __device__ __forceinline__ float vec_max_nan(const uint4& v, const __half*) { return vec_max_nan2<__half2>(v); }
 __device__ __forceinline__ float vec_max_nan(const uint4& v, const __nv_bfloat16*) {
@@ -133,12 +130,12 @@ __device__ __forceinline__ float thread_max(const Chunk<T>& ch, int64_t vocab, c
 #pragma unroll
   for (int j = 0; j < kVecsPerThread<T>; ++j) {
     if (kRegular || vec_staged(ch, vocab, j)) {
-      m = fmax_nan(m, vec_max_nan(*reinterpret_cast<const uint4*>(mine + j * kVecStride<T>), mine));
+      m = max_nan(m, vec_max_nan(*reinterpret_cast<const uint4*>(mine + j * kVecStride<T>), mine));
     } else {
       const int64_t base = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
 #pragma unroll
       for (int i = 0; i < kVecTokens<T>; ++i) {
-        if (base + i < vocab) m = fmax_nan(m, to_float(__ldg(ch.row_ptr + base + i)));
+        if (base + i < vocab) m = max_nan(m, to_float(__ldg(ch.row_ptr + base + i)));
       }
     }
   }
