@@ -139,6 +139,32 @@ def test_large_vocab_kept_set_reproducible_and_logprobs_bitwise(vocab, dtype, ba
         assert not torch.equal(ids, other), "another seed drew the same 256 ids"
 
 
+def _drifting_row(shape, vocab, g):
+    """Logits whose level drifts along the vocabulary: a chunk's own bound is far from another chunk's."""
+    t = torch.arange(vocab, dtype=torch.float64) / vocab
+    level = {"rising": 4 * t, "falling": 4 * (1 - t), "bump": 4 * torch.exp(-(((t - 0.45) / 0.05) ** 2))}[shape]
+    return (level + 0.4 * torch.randn(vocab, generator=g, dtype=torch.float64)).float()
+
+
+@pytest.mark.parametrize("shape", ["rising", "falling", "bump"])
+def test_rows_drifting_along_the_vocab_keep_their_exact_top_k(shape):
+    # The candidates kernel filters a chunk with a bound certified on an earlier chunk of the same row when it
+    # has one (and searches its own when that keeps too many): rows whose level drifts make the two differ.
+    vocab = 128256
+    row = _drifting_row(shape, vocab, torch.Generator().manual_seed(len(shape)))
+    draws = 4096  # identical rows: the blocks' chunk ranges start at every split of the row
+    ids = rlkernel.sample(row.cuda().expand(draws, vocab), top_k=50, top_p=1.0, generator=_gen(13), backend="fused")
+    probs = filtered_distribution(row, 1.0, 50, 1.0)
+    counts = torch.bincount(ids.cpu(), minlength=vocab).double()
+    assert torch.all(counts[probs == 0] == 0), f"drew outside the top 50: {counts[probs == 0].nonzero()[:5]}"
+    assert chi_square_pvalue(counts, probs) > 1e-5
+    g = torch.Generator().manual_seed(99)
+    rows = torch.stack([_drifting_row(shape, vocab, g) for _ in range(256)]).cuda()
+    for temperature in (0.0, 1.0):  # top-1 at any temperature is the first maximal id
+        got = rlkernel.sample(rows, temperature=temperature, top_k=1, generator=_gen(1), backend="fused")
+        assert torch.equal(got, rows.argmax(-1))
+
+
 def test_generator_offset_advances_and_default_generator_is_used():
     logits = torch.randn(64, 5000, device="cuda")
     g = _gen(3)

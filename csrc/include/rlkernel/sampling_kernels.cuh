@@ -1,9 +1,10 @@
 // The fused sampler's kernels.
 //  fast path (1 <= top_k <= kMaxFastK, or T = 0):
-//    rlkernel_sample_candidates: a persistent grid walks the rows' 8192-token chunks, staging the next chunk in
-//      shared memory (cp.async) while it filters this one: it keeps a superset of the chunk's top-k, every token
-//      >= L, L <= the k-th largest of the block's 256 per-thread maxima (at least k tokens are >= L, so the
-//      chunk's k-th largest, and every token tied with it, is >= L).
+//    rlkernel_sample_candidates: a persistent grid, each block walking a contiguous range of the rows' 8192-token
+//      chunks, staging the next chunk in shared memory (cp.async) while it filters this one: it keeps every token
+//      >= L, where at least k tokens of the row are >= L (so the row's k-th largest, and every token tied with
+//      it, is >= L): L <= the k-th largest of the block's 256 per-thread maxima on a block's first chunk of a row,
+//      then inherited by its next chunks of that row.
 //    rlkernel_sample_select: one block per row stages the candidates of all chunks in shared memory (a few
 //      thousand: the row's top-k is among them, ties included); its warps sort runs of 128 and merge them,
 //      keeping the best 128 (warp shuffles, no block barrier but two per merge level), and warp 0 runs the exact
@@ -173,7 +174,10 @@ __device__ __forceinline__ uint32_t kept_mask(const Chunk<T>& ch, int64_t vocab,
 struct CandidateSmem {
   uint32_t maxima[kCandThreads];
   uint32_t bound;
-  uint32_t n_cand;
+  // slots handed out in chunk i come from n_cand[i % 3]: thread 0 clears the next chunk's counter while this chunk
+  // runs, two chunk barriers after every thread last read it, so a chunk needs no barrier of its own before its
+  // first atomic
+  uint32_t n_cand[3];
 };
 
 // Warp 0, after the block's per-thread maxima are in sm.maxima: L, the largest value with at least k maxima >= L,
@@ -207,33 +211,38 @@ __device__ __forceinline__ uint32_t warp_bound(const uint32_t* maxima, int k) {
   return bound;
 }
 
-// One chunk: the bound L from the per-thread maxima (warp_bound), then every token at or above it written to out
-// (its slot from a shared counter), and the count to *count.
+// The chunk's own bound: its per-thread maxima, then warp_bound (two block barriers; thread 0 clears
+// *n_cand between them, after every thread's last read of it).
 template <typename T, bool kRegular>
-__device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
-                                             uint64_t* out, uint32_t* count, CandidateSmem& sm) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (threadIdx.x == 0) sm.n_cand = 0;  // published by the barriers of the bound search
+__device__ __forceinline__ uint32_t chunk_bound(const Chunk<T>& ch, int64_t vocab, float inv_t, int k,
+                                                const T* mine, uint32_t* n_cand, CandidateSmem& sm) {
   const bool has_real = ch.start + static_cast<int>(threadIdx.x) * kVecTokens<T> < vocab;
   sm.maxima[threadIdx.x] = has_real ? float_key(scaled(thread_max<T, kRegular>(ch, vocab, mine), inv_t)) : kNoKey;
   __syncthreads();
-  if (warp == 0) {
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0) *n_cand = 0;
     const uint32_t l = warp_bound(sm.maxima, k);
-    if (lane == 0) sm.bound = l;
+    if (threadIdx.x == 0) sm.bound = l;
   }
   __syncthreads();
-  const uint32_t bound = sm.bound;
-  // The tokens kept are those whose scaled logit s is not below L's float (every s with key(s) >= L, and a few
-  // -0.0 more when L is +0.0's key). L at or below -inf's key keeps the whole chunk (its row then overflows and
-  // takes the whole-row path); at or above +inf's key only +inf and NaN tokens reach it.
+  return sm.bound;
+}
+
+// Every token of the chunk at or above the bound L written to out (its slot from the shared counter *n_cand).
+// The tokens kept are those whose scaled logit s is not below L's float (every s with key(s) >= L, and a few
+// -0.0 more when L is +0.0's key). L at or below -inf's key keeps the whole chunk (its row then overflows and
+// takes the whole-row path); at or above +inf's key only +inf and NaN tokens reach it.
+template <typename T, bool kRegular>
+__device__ __forceinline__ void emit_kept(const Chunk<T>& ch, int64_t vocab, float inv_t, uint32_t bound,
+                                          const T* mine, uint64_t* out, uint32_t* n_cand) {
   const float s_bound = bound <= float_key(-INFINITY) ? -INFINITY
                         : bound >= float_key(INFINITY) ? INFINITY
                                                        : key_float(bound);
   uint32_t mask = kept_mask<T, kRegular>(ch, vocab, inv_t, s_bound, mine);
-  // a shared counter hands out slots; select sorts the candidates by their (unique) packed value, so the order
+  // the shared counter hands out slots; select sorts the candidates by their (unique) packed value, so the order
   // they land in changes nothing downstream
   const uint32_t n_mine = __popc(mask);
-  uint32_t pos = n_mine ? atomicAdd(&sm.n_cand, n_mine) : 0u;
+  uint32_t pos = n_mine ? atomicAdd(n_cand, n_mine) : 0u;
   for (; mask != 0; mask &= mask - 1, ++pos) {
     const int e = __ffs(static_cast<int>(mask)) - 1;
     const int j = e / kVecTokens<T>, i = e % kVecTokens<T>;
@@ -241,44 +250,77 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
     const T x = (kRegular || vec_staged(ch, vocab, j)) ? mine[j * kVecStride<T> + i] : __ldg(ch.row_ptr + id);
     if (pos < kCandCap) out[pos] = pack_desc(float_key(scaled(to_float(x), inv_t)), id);  // else: overflow
   }
-  __syncthreads();  // every slot of this chunk is in n_cand (and maxima, bound are free for the next chunk)
-  if (threadIdx.x == 0) *count = sm.n_cand;
 }
 
-// Persistent: block b filters chunks b, b + gridDim.x, ... of the rows x splits grid (row-major), the next
-// chunk's copy (cp.async into the other stage) in flight while this one's bound is searched, so the block's
-// barriers never leave its memory pipe empty. Each chunk is read twice from shared memory: once for the
-// per-thread maxima, once to mark the tokens at or above the bound.
+// A chunk filtered with an inherited bound that keeps more than this searches its own bound and filters again.
+__device__ __forceinline__ uint32_t refilter_above(int k) { return static_cast<uint32_t>(2 * k); }
+
+// One chunk, writing its candidates to out and their count to *count. row_bound (0: none yet) is a bound L of
+// this row that the block certified on an earlier chunk: at least k tokens of the row are >= L, so the row's
+// k-th largest is >= L and every token of the row's top-k (ties included) is >= L, in whichever chunk it lies.
+// Such a chunk needs no bound of its own, unless L keeps more than refilter_above(k) of its tokens: then it
+// searches its own (L' certified by its maxima), filters again with max(L, L'), and passes that on. The
+// barriers depend only on shared values, so the whole block takes the same branches.
+template <typename T, bool kRegular>
+__device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
+                                             uint64_t* out, uint32_t* count, uint32_t* n_cand,
+                                             uint32_t& row_bound, CandidateSmem& sm) {
+  const bool inherited = row_bound != 0;
+  if (!inherited) row_bound = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
+  emit_kept<T, kRegular>(ch, vocab, inv_t, row_bound, mine, out, n_cand);
+  __syncthreads();  // every slot of this chunk is in *n_cand
+  uint32_t n = *n_cand;
+  if (inherited && n > refilter_above(k)) {
+    const uint32_t own = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
+    row_bound = max(row_bound, own);
+    emit_kept<T, kRegular>(ch, vocab, inv_t, row_bound, mine, out, n_cand);
+    __syncthreads();
+    n = *n_cand;
+  }
+  if (threadIdx.x == 0) *count = n;
+}
+
+// Persistent: block b filters the contiguous chunks [b * chunks / G, (b + 1) * chunks / G) of the rows x splits
+// grid (row-major), so most of its chunks follow one of the same row and inherit its bound (filter_chunk): one
+// pass and one barrier a chunk, no search. The next chunk's copy (cp.async into the other stage) is in flight
+// while this one is filtered.
 template <typename T>
-__global__ void __launch_bounds__(kCandThreads)
+// (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 85: without it ptxas
+// spilled the fp32 kernel at 48 registers.)
+__global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
                                uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
   extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
   __shared__ CandidateSmem sm;
   if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
+  const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * chunks / gridDim.x);
+  const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * chunks / gridDim.x);
+  if (begin >= end) return;
   const T* mine0 = reinterpret_cast<const T*>(stage_bytes) + threadIdx.x * kVecTokens<T>;  // this thread's slots
   const uint32_t slots0 = static_cast<uint32_t>(__cvta_generic_to_shared(mine0));
-  const int rows_step = static_cast<int>(gridDim.x) / splits, splits_step = static_cast<int>(gridDim.x) % splits;
-  ChunkCursor cur{static_cast<int>(blockIdx.x) / splits, static_cast<int>(blockIdx.x) % splits};
+  ChunkCursor cur{begin / splits, begin % splits};
   Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
   stage_chunk(ch, vocab, slots0);
   cp_async_commit();
-  for (int it = 0, c = blockIdx.x; c < chunks; ++it, c += gridDim.x) {
+  uint32_t row_bound = 0;
+  for (int it = 0, c = begin; c < end; ++it, ++c) {
     ChunkCursor next = cur;
-    next.advance(rows_step, splits_step, splits);
-    const bool more = c + static_cast<int>(gridDim.x) < chunks;
+    next.advance(0, 1, splits);
+    const bool more = c + 1 < end;
     const Chunk<T> nch = more ? chunk_at(logits, row_stride, vocab, next) : ch;
     if (more) stage_chunk(nch, vocab, slots0 + ((it + 1) % kStages) * static_cast<uint32_t>(kStageBytes<T>));
     cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group pending
     cp_async_wait_all_but_newest();
+    if (threadIdx.x == 0) sm.n_cand[(it + 1) % 3] = 0;  // last read two chunk barriers ago
     const T* mine = mine0 + (it % kStages) * kChunk;
     uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
     if (ch.regular) {
-      filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, sm);
+      filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
     } else {
-      filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, sm);
+      filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
     }
+    if (next.row != cur.row) row_bound = 0;  // a bound holds for its own row only
     ch = nch;
     cur = next;
   }
