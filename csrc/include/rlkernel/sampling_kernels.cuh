@@ -7,8 +7,8 @@
 //      then inherited by its next chunks of that row.
 //    rlkernel_sample_select: one block per row stages the candidates of all chunks in shared memory (a few
 //      thousand: the row's top-k is among them, ties included); its warps sort runs of 128 and merge them,
-//      keeping the best 128 (warp shuffles, no block barrier but two per merge level), and warp 0 runs the exact
-//      law on the first k (finish_sorted). A row whose candidates overflow runs the law on the whole row.
+//      keeping the best 128 (warp shuffles, no block barrier but two per merge level), and its first four warps
+//      run the exact law on the first k, one entry a thread (finish_sorted). A row whose candidates overflow runs the law on the whole row.
 //  general path (top_k = 0 or large): rlkernel_sample_rows runs the exact law on each whole row.
 // Both paths keep the same set and race the same Philox noise per (row, id): they draw the same ids.
 #pragma once
@@ -31,6 +31,8 @@ constexpr int kRowThreads = 512;
 constexpr int kMaxSmemCand = 4096;
 constexpr int kRun = 128;  // values one warp sorts (4 per lane)
 static_assert(kMaxFastK <= kRun, "finish_sorted: the first k of one sorted run");
+constexpr int kFinishWarps = kRun / 32;  // finish_sorted: one entry a thread
+static_assert(kFinishWarps * 32 <= kRowThreads, "finish_sorted: enough threads for one entry each");
 static_assert(kMaxSmemCand % kRun == 0, "whole runs");
 
 // A chunk as each thread stages it: vector j of thread t (16 bytes: kVecTokens(T) tokens) covers tokens
@@ -44,14 +46,18 @@ template <typename T>
 constexpr int kVecStride = kCandThreads * kVecTokens<T>;  // tokens between a thread's vectors j and j + 1
 template <typename T>
 constexpr size_t kStageBytes = sizeof(T) * kChunk;
-constexpr int kStages = 2;  // the chunk being filtered and the next one in flight
+// Stages a candidates block cycles through: the chunk being filtered and the next kStages<T> - 1 in flight
+constexpr int kStages32 = 2, kStages16 = 2;  // 3 measured slower (docs/kernel-notes.md)
+template <typename T>
+constexpr int kStages = sizeof(T) == 4 ? kStages32 : kStages16;
 
 __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all_but_newest() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+template <int kPending>  // wait until at most kPending of this thread's newest copy groups are in flight
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // Chunk (row, split) of the rows x splits grid, stepped by the grid's stride without a division per chunk.
@@ -282,8 +288,8 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 
 // Persistent: block b filters the contiguous chunks [b * chunks / G, (b + 1) * chunks / G) of the rows x splits
 // grid (row-major), so most of its chunks follow one of the same row and inherit its bound (filter_chunk): one
-// pass and one barrier a chunk, no search. The next chunk's copy (cp.async into the other stage) is in flight
-// while this one is filtered.
+// pass and one barrier a chunk, no search. The next kStages<T> - 1 chunks' copies (cp.async, each thread its own
+// vectors into its own slots) are in flight while this one is filtered.
 template <typename T>
 // (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 85: without it ptxas
 // spilled the fp32 kernel at 48 registers.)
@@ -291,38 +297,54 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
                                uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
-  extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
+  extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages<T> x kChunk logits
   __shared__ CandidateSmem sm;
   if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Let the select grid be scheduled now (launched as a programmatic dependent): its blocks take SMs as this grid's
+  // blocks leave them and wait in cudaGridDependencySynchronize, which returns only once this whole grid has
+  // completed and its writes are visible. Every block of this grid is resident before any select block is (the
+  // trigger counts only once all blocks have called it), so a waiting select block never holds an SM one of
+  // these blocks still needs.
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
   const int begin = static_cast<int>(static_cast<int64_t>(blockIdx.x) * chunks / gridDim.x);
   const int end = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * chunks / gridDim.x);
   if (begin >= end) return;
   const T* mine0 = reinterpret_cast<const T*>(stage_bytes) + threadIdx.x * kVecTokens<T>;  // this thread's slots
   const uint32_t slots0 = static_cast<uint32_t>(__cvta_generic_to_shared(mine0));
+  constexpr uint32_t kStageStride = static_cast<uint32_t>(kStageBytes<T>);
+  ChunkCursor ahead{begin / splits, begin % splits};  // the next chunk to stage
+  int staged = begin;
+  for (int s = 0; s < kStages<T> - 1; ++s, ++staged) {
+    if (staged < end) {
+      stage_chunk(chunk_at(logits, row_stride, vocab, ahead), vocab, slots0 + s * kStageStride);
+      ahead.advance(0, 1, splits);
+    }
+    cp_async_commit();  // possibly empty: one group per chunk slot keeps the wait below exact
+  }
   ChunkCursor cur{begin / splits, begin % splits};
-  Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
-  stage_chunk(ch, vocab, slots0);
-  cp_async_commit();
   uint32_t row_bound = 0;
-  for (int it = 0, c = begin; c < end; ++it, ++c) {
-    ChunkCursor next = cur;
-    next.advance(0, 1, splits);
-    const bool more = c + 1 < end;
-    const Chunk<T> nch = more ? chunk_at(logits, row_stride, vocab, next) : ch;
-    if (more) stage_chunk(nch, vocab, slots0 + ((it + 1) % kStages) * static_cast<uint32_t>(kStageBytes<T>));
-    cp_async_commit();  // possibly empty: the wait below always leaves exactly the newest group pending
-    cp_async_wait_all_but_newest();
+  for (int it = 0, c = begin; c < end; ++it, ++c, ++staged) {
+    if (staged < end) {  // into the stage chunk c - 1 used: every thread is past its last barrier
+      const uint32_t slots = slots0 + ((it + kStages<T> - 1) % kStages<T>) * kStageStride;
+      stage_chunk(chunk_at(logits, row_stride, vocab, ahead), vocab, slots);
+      ahead.advance(0, 1, splits);
+    }
+    cp_async_commit();
+    cp_async_wait<kStages<T> - 1>();  // chunk c's group is complete
     if (threadIdx.x == 0) sm.n_cand[(it + 1) % 3] = 0;  // last read two chunk barriers ago
-    const T* mine = mine0 + (it % kStages) * kChunk;
+    const Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
+    const T* mine = mine0 + (it % kStages<T>) * kChunk;
     uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
     if (ch.regular) {
       filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
     } else {
       filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
     }
-    if (next.row != cur.row) row_bound = 0;  // a bound holds for its own row only
-    ch = nch;
-    cur = next;
+    const int row = cur.row;
+    cur.advance(0, 1, splits);
+    if (cur.row != row) row_bound = 0;  // a bound holds for its own row only
   }
 }
 
@@ -386,53 +408,53 @@ __device__ __forceinline__ void load_run(const uint64_t* src, int n, uint64_t u[
   for (int r = 0; r < 4; ++r) u[r] = lane * 4 + r < n ? src[lane * 4 + r] : 0;  // 0 is below every real entry
 }
 
-// Warp 0, holding the row's 128 best candidates in (key desc, id asc) order (v, as warp_sort_run lays them out;
-// n >= 1 real ones): the same law as filter_and_draw on the first m = min(top_k, n), in the same integer
-// arithmetic, so the same kept set (and, with the same Philox noise per (row, id), the same drawn id).
-__device__ __forceinline__ void finish_sorted(const uint64_t v[4], int n, const FilterArgs& a) {
-  const int lane = threadIdx.x % 32;
-  const uint64_t top = __shfl_sync(kFullMask, v[0], 0);
-  const uint32_t top_key = static_cast<uint32_t>(top >> 32);
+struct FinishSmem {
+  uint64_t mass[kFinishWarps];  // each finishing warp's total of the fixed-point weights
+  float score[kFinishWarps];    // and its best (race score, id)
+  int64_t id[kFinishWarps];
+};
+
+// The block, with the row's best kRun candidates in (key desc, id asc) order in sorted[0, min(n, kRun)) (n >= 1
+// real ones): the same law as filter_and_draw on the first m = min(top_k, n), in the same integer arithmetic, so
+// the same kept set (and, with the same Philox noise per (row, id), the same drawn id). Entry e is thread e's
+// (warps 0 .. kFinishWarps - 1): its weight, its Philox draw and its logs run once per thread, not four times
+// in a row on one warp (which made this the longest stage of select). Every thread of the block calls it.
+__device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, const FilterArgs& a, FinishSmem& f) {
+  const int e = threadIdx.x, warp = e / 32, lane = e % 32;
+  const uint32_t top_key = static_cast<uint32_t>(sorted[0] >> 32);
   const float s_max = key_float(top_key);
   const bool bad = a.argmax ? (top_key == kNanKey || top_key <= float_key(-INFINITY))
                             : (top_key == kNanKey || isinf(s_max));  // NaN sorts first: it is the top
-  if (bad || a.argmax) {
-    if (lane == 0) {
-      a.ids[a.row] = bad ? -1 : unpack_id(top);
+  if (bad || a.argmax) {  // the same for every thread: no barrier below is skipped by some only
+    if (e == 0) {
+      a.ids[a.row] = bad ? -1 : unpack_id(sorted[0]);
       if (bad) atomicMin(a.first_bad, static_cast<int32_t>(a.row));
     }
     return;
   }
-  const int m = a.top_k < n ? static_cast<int>(a.top_k) : n;
-  uint64_t w[4], local = 0;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    w[r] = lane * 4 + r < m ? fixed_weight(static_cast<uint32_t>(v[r] >> 32), s_max) : 0;
-    local += w[r];
-  }
-  uint64_t inc = local;  // inclusive prefix over lanes: entries 0 .. 4 * lane + 3
+  const int m = a.top_k < n ? static_cast<int>(a.top_k) : n;  // <= kMaxFastK <= kRun
+  const uint64_t v = e < m ? sorted[e] : 0;
+  const uint64_t w = e < m ? fixed_weight(static_cast<uint32_t>(v >> 32), s_max) : 0;
+  uint64_t inc = w;  // inclusive prefix over this warp's entries
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const uint64_t x = __shfl_up_sync(kFullMask, inc, o);
     if (lane >= o) inc += x;
   }
-  const uint64_t z = __shfl_sync(kFullMask, inc, 31);
-  const bool p_on = a.top_p < 1.0;
+  if (lane == 31 && warp < kFinishWarps) f.mass[warp] = inc;
+  __syncthreads();
+  uint64_t z = 0, before = inc - w;  // before: mass of the entries ahead of e
+#pragma unroll
+  for (int i = 0; i < kFinishWarps; ++i) {
+    z += f.mass[i];
+    before += i < warp ? f.mass[i] : 0;
+  }
   const uint64_t target = top_p_target(a.top_p, z);
-  uint64_t before = inc - local;  // mass of the entries ahead of this lane's first
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    if (lane * 4 + r < m && (!p_on || before < target)) {  // top-p: kept while the mass before it is < top_p * Z
-      const int64_t id = unpack_id(v[r]);
-      const float sc = race_score(key_float(static_cast<uint32_t>(v[r] >> 32)), a.rng, a.row, id);
-      if (better(sc, id, bs, bi)) {
-        bs = sc;
-        bi = id;
-      }
-    }
-    before += w[r];
+  if (e < m && (a.top_p >= 1.0 || before < target)) {  // top-p: kept while the mass before it is < top_p * Z
+    bi = unpack_id(v);
+    bs = race_score(key_float(static_cast<uint32_t>(v >> 32)), a.rng, a.row, bi);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -443,7 +465,21 @@ __device__ __forceinline__ void finish_sorted(const uint64_t v[4], int n, const 
       bi = io;
     }
   }
-  if (lane == 0) a.ids[a.row] = bi;
+  if (lane == 0 && warp < kFinishWarps) {
+    f.score[warp] = bs;
+    f.id[warp] = bi;
+  }
+  __syncthreads();
+  if (e == 0) {
+#pragma unroll
+    for (int i = 1; i < kFinishWarps; ++i) {
+      if (better(f.score[i], f.id[i], bs, bi)) {
+        bs = f.score[i];
+        bi = f.id[i];
+      }
+    }
+    a.ids[a.row] = bi;
+  }
 }
 
 struct SelectSmem {
@@ -453,6 +489,7 @@ struct SelectSmem {
   };
   uint32_t offset[kRowThreads];
   uint32_t scan[32];
+  FinishSmem finish;
 };
 
 template <typename T>
@@ -527,7 +564,13 @@ __global__ void __launch_bounds__(kRowThreads)
     }
     live = half;
   }
-  if (warp == 0) finish_sorted(v, static_cast<int>(total), args);
+  __syncthreads();  // the merges' last reads of sm.sorted are done
+  if (warp == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sm.sorted[lane * 4 + i] = v[i];
+  }
+  __syncthreads();
+  finish_sorted(sm.sorted, static_cast<int>(total), args, sm.finish);
 }
 
 template <typename T>
