@@ -7,8 +7,9 @@
 //      then inherited by its next chunks of that row.
 //    rlkernel_sample_select: one block per row stages the candidates of all chunks in shared memory (a few
 //      thousand: the row's top-k is among them, ties included); its warps sort runs of 128 and merge them,
-//      keeping the best 128 (warp shuffles, no block barrier but two per merge level), and its first four warps
-//      run the exact law on the first k, one entry a thread (finish_sorted). A row whose candidates overflow runs the law on the whole row.
+//      keeping the best 128 (warp shuffles; block barriers only between merge levels), and its first four warps
+//      run the exact law on the first k, one entry a thread (finish_sorted). A row whose candidates overflow runs
+//      the law on the whole row.
 //  general path (top_k = 0 or large): rlkernel_sample_rows runs the exact law on each whole row.
 // Both paths keep the same set and race the same Philox noise per (row, id): they draw the same ids.
 #pragma once
@@ -181,8 +182,8 @@ struct CandidateSmem {
   uint32_t maxima[kCandThreads];
   uint32_t bound;
   // slots handed out in chunk i come from n_cand[i % 3]: thread 0 clears the next chunk's counter while this chunk
-  // runs, two chunk barriers after every thread last read it, so a chunk needs no barrier of its own before its
-  // first atomic
+  // runs, after at least one chunk's end barrier since every thread last read it (in chunk i - 2), so a chunk
+  // needs no barrier of its own before its first atomic
   uint32_t n_cand[3];
 };
 
@@ -291,15 +292,16 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 // pass and one barrier a chunk, no search. The next kStages<T> - 1 chunks' copies (cp.async, each thread its own
 // vectors into its own slots) are in flight while this one is filtered.
 template <typename T>
-// (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 85: without it ptxas
-// spilled the fp32 kernel at 48 registers.)
+// (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 80, which they stay well
+// under: without it ptxas spilled the fp32 kernel at 48 registers.)
 __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
                                uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
   extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages<T> x kChunk logits
   __shared__ CandidateSmem sm;
-  if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;  // the select kernel runs after: stream order
+  // select reads it only after cudaGridDependencySynchronize: once this whole grid has completed
+  if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the select grid be scheduled now (launched as a programmatic dependent): its blocks take SMs as this grid's
   // blocks leave them and wait in cudaGridDependencySynchronize, which returns only once this whole grid has
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     }
     cp_async_commit();
     cp_async_wait<kStages<T> - 1>();  // chunk c's group is complete
-    if (threadIdx.x == 0) sm.n_cand[(it + 1) % 3] = 0;  // last read two chunk barriers ago
+    if (threadIdx.x == 0) sm.n_cand[(it + 1) % 3] = 0;  // last read in chunk it - 2, before chunk it - 1's barrier
     const Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
     const T* mine = mine0 + (it % kStages<T>) * kChunk;
     uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
