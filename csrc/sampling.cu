@@ -45,7 +45,7 @@ const FastPathDevice& fast_path_device(int device) {
   static FastPathDevice info[kMaxDevices];
   std::call_once(once[device], [device] {
     FastPathDevice& d = info[device];
-    constexpr int smem = static_cast<int>(kStages<T> * kStageBytes<T>);
+    constexpr int smem = static_cast<int>(kStages * kStageBytes<T>);
     int sms = 0, per_sm = 0;
     d.err = cudaFuncSetAttribute(rlkernel_sample_candidates<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (d.err == cudaSuccess) d.err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device);
@@ -86,7 +86,7 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   const int64_t chunks = rows * splits;
   const unsigned grid = static_cast<unsigned>(chunks < dev.candidate_blocks ? chunks : dev.candidate_blocks);
   // the candidates kernel also sets *first_bad = kNoBadRow (no memset launch on this path)
-  rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages<T> * kStageBytes<T>, stream>>>(
+  rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
       logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), inv_t,
       argmax ? 1 : static_cast<int>(top_k), cand, counts, first_bad);
   // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid

@@ -47,10 +47,9 @@ template <typename T>
 constexpr int kVecStride = kCandThreads * kVecTokens<T>;  // tokens between a thread's vectors j and j + 1
 template <typename T>
 constexpr size_t kStageBytes = sizeof(T) * kChunk;
-// Stages a candidates block cycles through: the chunk being filtered and the next kStages<T> - 1 in flight
-constexpr int kStages32 = 2, kStages16 = 2;  // 3 measured slower (docs/kernel-notes.md)
-template <typename T>
-constexpr int kStages = sizeof(T) == 4 ? kStages32 : kStages16;
+// Stages a candidates block cycles through: the chunk being filtered and the next kStages - 1 in flight (three
+// measured slower, for every dtype: docs/kernel-notes.md, v12)
+constexpr int kStages = 2;
 
 __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr), "l"(gmem) : "memory");
@@ -61,12 +60,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Chunk (row, split) of the rows x splits grid, stepped by the grid's stride without a division per chunk.
+// Chunk (row, split) of the rows x splits grid, stepped to the next chunk in row-major order without a division.
 struct ChunkCursor {
   int row, split;
-  __device__ __forceinline__ void advance(int rows_step, int splits_step, int splits) {
-    row += rows_step;
-    split += splits_step;
+  __device__ __forceinline__ void next(int splits) {
+    split += 1;
     if (split >= splits) {
       split -= splits;
       ++row;
@@ -289,7 +287,7 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 
 // Persistent: block b filters the contiguous chunks [b * chunks / G, (b + 1) * chunks / G) of the rows x splits
 // grid (row-major), so most of its chunks follow one of the same row and inherit its bound (filter_chunk): one
-// pass and one barrier a chunk, no search. The next kStages<T> - 1 chunks' copies (cp.async, each thread its own
+// pass and one barrier a chunk, no search. The next kStages - 1 chunks' copies (cp.async, each thread its own
 // vectors into its own slots) are in flight while this one is filtered.
 template <typename T>
 // (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 80, which they stay well
@@ -298,7 +296,7 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
                                uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
-  extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages<T> x kChunk logits
+  extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
   __shared__ CandidateSmem sm;
   // select reads it only after cudaGridDependencySynchronize: once this whole grid has completed
   if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;
@@ -318,10 +316,10 @@ __global__ void __launch_bounds__(kCandThreads, 3)
   constexpr uint32_t kStageStride = static_cast<uint32_t>(kStageBytes<T>);
   ChunkCursor ahead{begin / splits, begin % splits};  // the next chunk to stage
   int staged = begin;
-  for (int s = 0; s < kStages<T> - 1; ++s, ++staged) {
+  for (int s = 0; s < kStages - 1; ++s, ++staged) {
     if (staged < end) {
       stage_chunk(chunk_at(logits, row_stride, vocab, ahead), vocab, slots0 + s * kStageStride);
-      ahead.advance(0, 1, splits);
+      ahead.next(splits);
     }
     cp_async_commit();  // possibly empty: one group per chunk slot keeps the wait below exact
   }
@@ -329,15 +327,15 @@ __global__ void __launch_bounds__(kCandThreads, 3)
   uint32_t row_bound = 0;
   for (int it = 0, c = begin; c < end; ++it, ++c, ++staged) {
     if (staged < end) {  // into the stage chunk c - 1 used: every thread is past its last barrier
-      const uint32_t slots = slots0 + ((it + kStages<T> - 1) % kStages<T>) * kStageStride;
+      const uint32_t slots = slots0 + ((it + kStages - 1) % kStages) * kStageStride;
       stage_chunk(chunk_at(logits, row_stride, vocab, ahead), vocab, slots);
-      ahead.advance(0, 1, splits);
+      ahead.next(splits);
     }
     cp_async_commit();
-    cp_async_wait<kStages<T> - 1>();  // chunk c's group is complete
+    cp_async_wait<kStages - 1>();  // chunk c's group is complete
     if (threadIdx.x == 0) sm.n_cand[(it + 1) % 3] = 0;  // last read in chunk it - 2, before chunk it - 1's barrier
     const Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
-    const T* mine = mine0 + (it % kStages<T>) * kChunk;
+    const T* mine = mine0 + (it % kStages) * kChunk;
     uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
     if (ch.regular) {
       filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
@@ -345,7 +343,7 @@ __global__ void __launch_bounds__(kCandThreads, 3)
       filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
     }
     const int row = cur.row;
-    cur.advance(0, 1, splits);
+    cur.next(splits);
     if (cur.row != row) row_bound = 0;  // a bound holds for its own row only
   }
 }
