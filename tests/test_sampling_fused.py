@@ -165,6 +165,25 @@ def test_rows_drifting_along_the_vocab_keep_their_exact_top_k(shape):
         assert torch.equal(got, rows.argmax(-1))
 
 
+@pytest.mark.parametrize("n_tied", [60, 200])
+def test_ties_at_the_kth_key_keep_the_lowest_ids(n_tied):
+    # 20 distinct top logits, then n_tied tokens sharing the 21st value, spread over the row's chunks, so the top 50
+    # ends inside the tie: select's threshold lands on the tied key and keeps 20 + n_tied candidates, ranked when
+    # they are at most 128 (60), handed to the sort of every candidate when they are more (200).
+    vocab, g = 128256, torch.Generator().manual_seed(n_tied)
+    row = torch.randn(vocab, generator=g) * 0.5
+    where = torch.randperm(vocab, generator=g)[: 20 + n_tied]
+    row[where[:20]] = 5.1 + 0.9 * torch.rand(20, generator=g)
+    row[where[20:]] = 5.0
+    draws = 4096  # identical rows: the blocks' chunk ranges start at every split of the row
+    ids = rlkernel.sample(row.cuda().expand(draws, vocab), top_k=50, top_p=1.0, generator=_gen(17), backend="fused")
+    probs = filtered_distribution(row, 1.0, 50, 1.0)
+    assert int((probs > 0).sum()) == 50
+    counts = torch.bincount(ids.cpu(), minlength=vocab).double()
+    assert torch.all(counts[probs == 0] == 0), f"drew outside the top 50: {counts[probs == 0].nonzero()[:5]}"
+    assert chi_square_pvalue(counts, probs) > 1e-5
+
+
 def test_generator_offset_advances_and_default_generator_is_used():
     logits = torch.randn(64, 5000, device="cuda")
     g = _gen(3)

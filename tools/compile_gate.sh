@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI compile gate (tox -e csrc; docs/contracts.md section 8). No GPU needed:
-#   1. every csrc/*.cu (kernels + launchers, no torch include) with nvcc for sm_80 and sm_90a;
+#   1. every csrc/*.cu (kernels + launchers, no torch include) with nvcc for sm_80 and sm_90a, and the sampler's
+#      timeline driver (tools/sampler_timeline/) against its probed copy of csrc/;
 #   2. csrc/bindings.cpp and every other csrc/*.cpp but cuda_stream.cpp (registration only) with the headers of the
 #      installed torch wheel (the CPU one in CI);
 #   3. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers).
@@ -38,6 +39,13 @@ for cu in "${cu_files[@]}"; do
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
     -c "$cu" -o "$out/$(basename "$cu").o"
 done
+# the sampler's timeline tool (tools/sampler_timeline.sh): its probed copy of csrc/ and the driver built against it
+if "$PY" tools/sampler_timeline/instrument.py csrc "$out/probed" > "$out/log" 2>&1; then
+  step "tools/sampler_timeline/driver.cu [sm_90a, probed csrc]" "$NVCC" -std=c++17 -O3 -I"$out/probed" \
+    -I"$out/probed/include" -arch=sm_90a -c tools/sampler_timeline/driver.cu -o "$out/timeline.o"
+else
+  echo "compile gate: FAIL tools/sampler_timeline/instrument.py"; cat "$out/log"; fail=1
+fi
 for cpp in csrc/*.cpp; do  # registration files (bindings.cpp and the ops' own): torch/library.h level only
   [ "$cpp" = csrc/cuda_stream.cpp ] && continue
   # shellcheck disable=SC2086  # TORCH_INC is a list of -I flags

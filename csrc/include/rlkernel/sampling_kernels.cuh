@@ -4,12 +4,13 @@
 //      chunks, staging the next chunk in shared memory (cp.async) while it filters this one: it keeps every token
 //      >= L, where at least k tokens of the row are >= L (so the row's k-th largest, and every token tied with
 //      it, is >= L): L <= the k-th largest of the block's 256 per-thread maxima on a block's first chunk of a row,
-//      then inherited by its next chunks of that row.
+//      then inherited by its next chunks of that row, and (fp32) raised from the threads' running maxima over
+//      the row's chunks it has filtered.
 //    rlkernel_sample_select: one block per row stages the candidates of all chunks in shared memory (a few
-//      thousand: the row's top-k is among them, ties included); its warps sort runs of 128 and merge them,
-//      keeping the best 128 (warp shuffles; block barriers only between merge levels), and its first four warps
-//      run the exact law on the first k, one entry a thread (finish_sorted). A row whose candidates overflow runs
-//      the law on the whole row.
+//      hundred: the row's top-k is among them, ties included), finds a key at or below the k-th with few
+//      candidates above it and ranks those (top_by_threshold; with many ties at the k-th key, its warps sort runs
+//      of 128 and merge them instead), and its first four warps run the exact law on the first k, one entry a
+//      thread (finish_sorted). A row whose candidates overflow runs the law on the whole row.
 //  general path (top_k = 0 or large): rlkernel_sample_rows runs the exact law on each whole row.
 // Both paths keep the same set and race the same Philox noise per (row, id): they draw the same ids.
 #pragma once
@@ -27,7 +28,7 @@ constexpr int kBoundBits = 14;  // bits of L the candidates kernel decides below
 constexpr int kMaxFastK = 128;
 constexpr int kCandCap = 4 * kMaxFastK;  // candidates one chunk may keep before its row overflows
 constexpr int kRowThreads = 512;
-// Candidates a select block sorts (32 KiB, sharing shared memory with the whole-row path's histograms): a row
+// Candidates a select block stages (32 KiB, sharing shared memory with the whole-row path's histograms): a row
 // with more (many ties at its k-th value) takes the whole-row path.
 constexpr int kMaxSmemCand = 4096;
 constexpr int kRun = 128;  // values one warp sorts (4 per lane)
@@ -149,15 +150,18 @@ __device__ __forceinline__ float thread_max(const Chunk<T>& ch, int64_t vocab, c
 }
 
 // Bit e of the result: this thread's token e (vector e / kVecTokens, element e % kVecTokens) is in the row and
-// its scaled logit is not below s_bound (NaN included: it must reach select, which marks the row bad).
+// its scaled logit is not below s_bound (NaN included: it must reach select, which marks the row bad). m: the
+// largest of this thread's tokens, as thread_max finds it (read from the same registers).
 template <typename T, bool kRegular>
 __device__ __forceinline__ uint32_t kept_mask(const Chunk<T>& ch, int64_t vocab, float inv_t, float s_bound,
-                                              const T* mine) {
+                                              const T* mine, float& m) {
   uint32_t mask = 0;
+  m = -INFINITY;
 #pragma unroll
   for (int j = 0; j < kVecsPerThread<T>; ++j) {
     if (kRegular || vec_staged(ch, vocab, j)) {
       const uint4 v = *reinterpret_cast<const uint4*>(mine + j * kVecStride<T>);
+      m = max_nan(m, vec_max_nan(v, mine));
       const T* x = reinterpret_cast<const T*>(&v);
 #pragma unroll
       for (int i = 0; i < kVecTokens<T>; ++i) {
@@ -167,9 +171,10 @@ __device__ __forceinline__ uint32_t kept_mask(const Chunk<T>& ch, int64_t vocab,
       const int64_t base = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
 #pragma unroll
       for (int i = 0; i < kVecTokens<T>; ++i) {
-        if (base + i < vocab && !(scaled(to_float(__ldg(ch.row_ptr + base + i)), inv_t) < s_bound)) {
-          mask |= 1u << (j * kVecTokens<T> + i);
-        }
+        if (base + i >= vocab) continue;
+        const float x = to_float(__ldg(ch.row_ptr + base + i));
+        m = max_nan(m, x);
+        if (!(scaled(x, inv_t) < s_bound)) mask |= 1u << (j * kVecTokens<T> + i);
       }
     }
   }
@@ -179,6 +184,7 @@ __device__ __forceinline__ uint32_t kept_mask(const Chunk<T>& ch, int64_t vocab,
 struct CandidateSmem {
   uint32_t maxima[kCandThreads];
   uint32_t bound;
+  uint32_t next_bound;  // warp 0's search of the published running maxima (filter_chunk)
   // slots handed out in chunk i come from n_cand[i % 3]: thread 0 clears the next chunk's counter while this chunk
   // runs, after at least one chunk's end barrier since every thread last read it (in chunk i - 2), so a chunk
   // needs no barrier of its own before its first atomic
@@ -237,13 +243,16 @@ __device__ __forceinline__ uint32_t chunk_bound(const Chunk<T>& ch, int64_t voca
 // The tokens kept are those whose scaled logit s is not below L's float (every s with key(s) >= L, and a few
 // -0.0 more when L is +0.0's key). L at or below -inf's key keeps the whole chunk (its row then overflows and
 // takes the whole-row path); at or above +inf's key only +inf and NaN tokens reach it.
+// Returns the key of this thread's largest token of the chunk (kNoKey if it holds none).
 template <typename T, bool kRegular>
-__device__ __forceinline__ void emit_kept(const Chunk<T>& ch, int64_t vocab, float inv_t, uint32_t bound,
-                                          const T* mine, uint64_t* out, uint32_t* n_cand) {
+__device__ __forceinline__ uint32_t emit_kept(const Chunk<T>& ch, int64_t vocab, float inv_t, uint32_t bound,
+                                              const T* mine, uint64_t* out, uint32_t* n_cand) {
   const float s_bound = bound <= float_key(-INFINITY) ? -INFINITY
                         : bound >= float_key(INFINITY) ? INFINITY
                                                        : key_float(bound);
-  uint32_t mask = kept_mask<T, kRegular>(ch, vocab, inv_t, s_bound, mine);
+  float m;
+  uint32_t mask = kept_mask<T, kRegular>(ch, vocab, inv_t, s_bound, mine, m);
+  const bool has_real = ch.start + static_cast<int>(threadIdx.x) * kVecTokens<T> < vocab;
   // the shared counter hands out slots; select sorts the candidates by their (unique) packed value, so the order
   // they land in changes nothing downstream
   const uint32_t n_mine = __popc(mask);
@@ -255,40 +264,71 @@ __device__ __forceinline__ void emit_kept(const Chunk<T>& ch, int64_t vocab, flo
     const T x = (kRegular || vec_staged(ch, vocab, j)) ? mine[j * kVecStride<T> + i] : __ldg(ch.row_ptr + id);
     if (pos < kCandCap) out[pos] = pack_desc(float_key(scaled(to_float(x), inv_t)), id);  // else: overflow
   }
+  return has_real ? float_key(scaled(m, inv_t)) : kNoKey;
 }
 
 // A chunk filtered with an inherited bound that keeps more than this searches its own bound and filters again.
 __device__ __forceinline__ uint32_t refilter_above(int k) { return static_cast<uint32_t>(2 * k); }
 
-// One chunk, writing its candidates to out and their count to *count. row_bound (0: none yet) is a bound L of
-// this row that the block certified on an earlier chunk: at least k tokens of the row are >= L, so the row's
-// k-th largest is >= L and every token of the row's top-k (ties included) is >= L, in whichever chunk it lies.
-// Such a chunk needs no bound of its own, unless L keeps more than refilter_above(k) of its tokens: then it
-// searches its own (L' certified by its maxima), filters again with max(L, L'), and passes that on. The
-// barriers depend only on shared values, so the whole block takes the same branches.
+// What a block knows of the row it is filtering (reset at each new row). bound (0: none yet): a bound L of this
+// row the block certified: at least k tokens of the row are >= L, so the row's k-th largest is >= L and every
+// token of the row's top-k (ties included) is >= L, in whichever chunk it lies. run_key: the largest key of
+// this thread's tokens in the row's chunks filtered so far. seen: those chunks.
+struct RowState {
+  uint32_t bound = 0, run_key = kNoKey;
+  int seen = 0;
+};
+
+// A row's later bounds come from the running maxima: after j chunks, 256 threads' maxima of 32 j tokens each
+// (distinct tokens of the row: a certificate as good as one chunk's). Published into sm.maxima at the end of
+// the row's chunks j = 2, 4, 8, ... when the row has two more chunks in the block's range; warp 0 searches them
+// during chunk j + 1, while the other warps filter it (no barrier of their own), and every thread raises its
+// bound with the result in chunk j + 2. Powers of two: each raise about halves what a chunk keeps, and a
+// search never overlaps the next publication.
+__device__ __forceinline__ bool publishes(int seen) { return seen >= 2 && (seen & (seen - 1)) == 0; }
+// fp32 only: for 16-bit logits the running maxima cost the candidates kernel more than select gains (H200,
+// docs/kernel-notes.md v16), and without publications the compiler drops them.
+template <typename T>
+constexpr bool kRunningBound = sizeof(T) == 4;
+
+// One chunk, writing its candidates to out and their count to *count. A chunk with an inherited bound needs no
+// bound of its own, unless it keeps more than refilter_above(k) of its tokens: then it searches its own (L'
+// certified by its maxima), filters again with max(L, L'), and passes that on. publish: this chunk publishes
+// the running maxima; search: warp 0 searches the previous chunk's. The barriers depend only on shared values
+// and block-uniform flags, so the whole block takes the same branches.
 template <typename T, bool kRegular>
 __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
-                                             uint64_t* out, uint32_t* count, uint32_t* n_cand,
-                                             uint32_t& row_bound, CandidateSmem& sm) {
-  const bool inherited = row_bound != 0;
-  if (!inherited) row_bound = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
-  emit_kept<T, kRegular>(ch, vocab, inv_t, row_bound, mine, out, n_cand);
+                                             uint64_t* out, uint32_t* count, uint32_t* n_cand, RowState& rs,
+                                             bool publish, bool search, CandidateSmem& sm) {
+  const bool inherited = rs.bound != 0;
+  if (!inherited) rs.bound = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
+  if (search && threadIdx.x < 32) {  // sm.maxima: published before the last chunk's end barrier
+    const uint32_t l = warp_bound(sm.maxima, k);
+    if (threadIdx.x == 0) sm.next_bound = l;
+  }
+  const uint32_t key = emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand);
+  rs.run_key = max(rs.run_key, key);
+  if (publish) sm.maxima[threadIdx.x] = rs.run_key;  // read by warp 0 in the next chunk, after this barrier
   __syncthreads();  // every slot of this chunk is in *n_cand
   uint32_t n = *n_cand;
   if (inherited && n > refilter_above(k)) {
+    // (its chunk_bound rewrites sm.maxima: a publication of this chunk is replaced by the chunk's own maxima,
+    // still distinct tokens of the row, so the next search stays a certificate, a weaker one)
     const uint32_t own = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
-    row_bound = max(row_bound, own);
-    emit_kept<T, kRegular>(ch, vocab, inv_t, row_bound, mine, out, n_cand);
+    rs.bound = max(rs.bound, own);
+    emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand);
     __syncthreads();
     n = *n_cand;
   }
   if (threadIdx.x == 0) *count = n;
+  ++rs.seen;
 }
 
 // Persistent: block b filters the contiguous chunks [b * chunks / G, (b + 1) * chunks / G) of the rows x splits
 // grid (row-major), so most of its chunks follow one of the same row and inherit its bound (filter_chunk): one
-// pass and one barrier a chunk, no search. The next kStages - 1 chunks' copies (cp.async, each thread its own
-// vectors into its own slots) are in flight while this one is filtered.
+// pass and one barrier a chunk, no search of their own (warp 0 searches the running maxima in a few of them). The next
+// kStages - 1 chunks' copies (cp.async, each thread its own vectors into its own slots) are in flight while this one is
+// filtered.
 template <typename T>
 // (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 80, which they stay well
 // under: without it ptxas spilled the fp32 kernel at 48 registers.)
@@ -324,7 +364,9 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     cp_async_commit();  // possibly empty: one group per chunk slot keeps the wait below exact
   }
   ChunkCursor cur{begin / splits, begin % splits};
-  uint32_t row_bound = 0;
+  RowState rs;
+  bool search = false;    // the last chunk published the running maxima: warp 0 searches them in this one
+  bool searched = false;  // warp 0 searched them in the last chunk: raise the bound with the result
   for (int it = 0, c = begin; c < end; ++it, ++c, ++staged) {
     if (staged < end) {  // into the stage chunk c - 1 used: every thread is past its last barrier
       const uint32_t slots = slots0 + ((it + kStages - 1) % kStages) * kStageStride;
@@ -337,14 +379,26 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     const Chunk<T> ch = chunk_at(logits, row_stride, vocab, cur);
     const T* mine = mine0 + (it % kStages) * kChunk;
     uint64_t* out = cand + static_cast<int64_t>(c) * kCandCap;
+    if (searched) rs.bound = max(rs.bound, sm.next_bound);  // written before the last chunk's end barrier
+    // this chunk is the row's chunk rs.seen + 1; it publishes when the row has two more in the range (one to
+    // search in, one to use the result) and it holds a bound (so the next chunk is not searching its own)
+    const bool publish =
+        kRunningBound<T> && rs.bound != 0 && publishes(rs.seen + 1) && cur.split + 2 < splits && c + 2 < end;
     if (ch.regular) {
-      filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
+      filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
+                            sm);
     } else {
-      filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], row_bound, sm);
+      filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
+                             sm);
     }
+    searched = search;
+    search = publish;
     const int row = cur.row;
     cur.next(splits);
-    if (cur.row != row) row_bound = 0;  // a bound holds for its own row only
+    if (cur.row != row) {  // a bound holds for its own row only
+      rs = RowState{};
+      search = searched = false;
+    }
   }
 }
 
@@ -414,11 +468,12 @@ struct FinishSmem {
   int64_t id[kFinishWarps];
 };
 
-// The block, with the row's best kRun candidates in (key desc, id asc) order in sorted[0, min(n, kRun)) (n >= 1
-// real ones): the same law as filter_and_draw on the first m = min(top_k, n), in the same integer arithmetic, so
-// the same kept set (and, with the same Philox noise per (row, id), the same drawn id). Entry e is thread e's
-// (warps 0 .. kFinishWarps - 1): its weight, its Philox draw and its logs run once per thread, not four times
-// in a row on one warp (which made this the longest stage of select). Every thread of the block calls it.
+// The block, with the row's best n candidates in (key desc, id asc) order in sorted[0, min(n, kRun)) (n >= 1 real
+// ones; top_by_threshold's n is at least min(top_k, the row's candidates)): the same law as filter_and_draw on the
+// first m = min(top_k, n), in the same integer arithmetic, so the same kept set (and, with the same Philox noise per
+// (row, id), the same drawn id). Entry e is thread e's (warps 0 .. kFinishWarps - 1): its weight, its Philox draw and
+// its logs run once per thread, not four times in a row on one warp (which made this the longest stage of select).
+// Every thread of the block calls it.
 __device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, const FilterArgs& a, FinishSmem& f) {
   const int e = threadIdx.x, warp = e / 32, lane = e % 32;
   const uint32_t top_key = static_cast<uint32_t>(sorted[0] >> 32);
@@ -489,11 +544,91 @@ struct SelectSmem {
   };
   uint32_t offset[kRowThreads];
   uint32_t scan[32];
+  uint64_t top[kRun];  // top_by_threshold: the candidates at or above its threshold
+  uint32_t n_top;
   FinishSmem finish;
 };
 
+constexpr int kCandPerThread = kMaxSmemCand / kRowThreads;  // candidates each select thread holds, at most
+static_assert(kRowThreads / 32 <= 16, "top_by_threshold: two reductions of one value a warp in sm.scan");
+
+// The row's best min(k, n) candidates (sm.sorted[0, n)) in (key desc, id asc) order into sm.sorted[0, m), without
+// sorting all n: a key tau with at least k candidates at or above it (every candidate of the row's top-k is then
+// >= tau, ties at the k-th key included) and few of them, found bit by bit from the candidates' common prefix with
+// one block-wide count a bit, stopping once at most `few` remain; then those m candidates ranked by counting
+// (their packed values are distinct). Returns m, or 0 (sm.sorted untouched) when n is 0 or more than kRun share
+// the keys from tau up (ties at the k-th key): the sort below takes over. Block-uniform; every thread calls it.
+// (It replaced select's sort of every candidate, whose chains of warp shuffles were the longest part of select:
+// docs/kernel-notes.md, v16.)
+__device__ __forceinline__ int top_by_threshold(SelectSmem& sm, int n, int k) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int per = (n + kRowThreads - 1) / kRowThreads;  // block-uniform
+  uint32_t key[kCandPerThread];
+  uint32_t any = 0, all = ~0u;
+#pragma unroll
+  for (int e = 0; e < kCandPerThread; ++e) {
+    const int i = static_cast<int>(threadIdx.x) + e * kRowThreads;
+    key[e] = i < n ? static_cast<uint32_t>(sm.sorted[i] >> 32) : kNoKey;  // kNoKey: below every threshold tried
+    if (i < n) {
+      any |= key[e];
+      all &= key[e];
+    }
+  }
+  any = __reduce_or_sync(kFullMask, any);
+  all = __reduce_and_sync(kFullMask, all);
+  if (lane == 0) {
+    sm.scan[warp] = any;
+    sm.scan[16 + warp] = all;
+  }
+  if (threadIdx.x == 0) sm.n_top = 0;
+  __syncthreads();
+  any = 0;
+  all = ~0u;
+#pragma unroll
+  for (int w = 0; w < kRowThreads / 32; ++w) {
+    any |= sm.scan[w];
+    all &= sm.scan[16 + w];
+  }
+  // every candidate is >= their common prefix (the bits above the highest bit where they differ)
+  const uint32_t differ = any ^ all;
+  int b = differ ? 31 - __clz(static_cast<int>(differ)) : -1;
+  uint32_t tau = b < 0 ? any : any & ~((2u << b) - 1u);
+  int cnt = n;  // candidates >= tau
+  const int few = min(kRun, max(2 * k, 32));  // >= k: the loop never runs when n < k
+  for (; b >= 0 && cnt > few; --b) {
+    const uint32_t cb = tau | (1u << b);
+    int c = 0;
+#pragma unroll
+    for (int e = 0; e < kCandPerThread; ++e) {
+      if (e < per) c += __syncthreads_count(key[e] >= cb);
+    }
+    if (c >= k) {
+      tau = cb;
+      cnt = c;
+    }
+  }
+  if (cnt > kRun) return 0;
+#pragma unroll
+  for (int e = 0; e < kCandPerThread; ++e) {
+    const int i = static_cast<int>(threadIdx.x) + e * kRowThreads;
+    if (i < n && key[e] >= tau) sm.top[atomicAdd(&sm.n_top, 1u)] = sm.sorted[i];
+  }
+  __syncthreads();  // sm.top holds the cnt candidates; nothing reads sm.sorted any more
+  if (static_cast<int>(threadIdx.x) < cnt) {
+    const uint64_t v = sm.top[threadIdx.x];
+    int rank = 0;
+#pragma unroll 4
+    for (int j = 0; j < cnt; ++j) rank += sm.top[j] > v;
+    sm.sorted[rank] = v;
+  }
+  __syncthreads();
+  return cnt;
+}
+
+// (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
+// registers for fp32, but with a spill.)
 template <typename T>
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, 2)
     rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                            float inv_t, const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
                            bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
@@ -535,8 +670,14 @@ __global__ void __launch_bounds__(kRowThreads)
     }
   }
   __syncthreads();
-  // each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a tree of merges across the
-  // warps (through shared memory, two barriers a level) leaves the row's best 128 in warp 0
+  const int m = top_by_threshold(sm, static_cast<int>(total), static_cast<int>(args.top_k));
+  if (m > 0) {
+    finish_sorted(sm.sorted, m, args, sm.finish);
+    return;
+  }
+  // many ties at the k-th key: each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a
+  // tree of merges across the warps (through shared memory, two barriers a level) leaves the row's best 128 in
+  // warp 0
   constexpr int kWarps = kRowThreads / 32;
   const int runs = (static_cast<int>(total) + kRun - 1) / kRun;  // 1 .. kMaxSmemCand / kRun
   uint64_t v[4], u[4];
