@@ -7,6 +7,7 @@
 # Exit codes: 0 ran, 1 a step failed, 2 usage, 3 nvcc or the GPU missing.
 set -u
 cd "$(dirname "$0")/.."
+case "${1:-}" in -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 [ $# -ge 1 ] || { echo "usage: sampler_timeline.sh \"B V [bf16]\" ..." >&2; exit 2; }
 command -v "${NVCC:-nvcc}" >/dev/null || { echo "sampler_timeline: nvcc not found" >&2; exit 3; }
 command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 || { echo "sampler_timeline: no GPU" >&2; exit 3; }
