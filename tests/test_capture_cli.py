@@ -17,6 +17,7 @@ import torch
 
 from pipelines import capture, capture_child, ncu_csv
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from rlkernel.dispatch import fused_unavailable_reason
 
 DATA = pathlib.Path(__file__).parent / "data" / "capture"
 RUN = DATA / "20261202T095005Z-logp-native+1"  # a real capture on the H200 (stripped), --tool all
@@ -201,13 +202,17 @@ def test_capture_all_tools(fakes, monkeypatch, capsys):
                                                "ncu import logp-native", "ncu profile logp-fused",
                                                "ncu import logp-fused"]
     assert all(s["exit_code"] == 0 and s["seconds"] >= 0 and s["command"] for s in m["steps"])
-    # the traced child's own dispatch history: warm-up + repetitions, fused asked for and fallen back on a CPU
+    # the traced child's own dispatch history: warm-up + repetitions; fused asked for, and fallen back where no
+    # fused path exists (a CPU machine) or run fused (a GPU with the build)
     disp = {(d["requested"], d["status"], d["reason"]): d["count"] for d in m["dispatch"]}
-    assert disp == {("native", "native", ""): 4, ("auto", "fallback", "tensor on cpu"): 4}
+    why_not = fused_unavailable_reason("logp.forward", torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                                       torch.bfloat16)
+    auto = ("auto", "fused", "") if why_not is None else ("auto", "fallback", why_not)
+    assert disp == {("native", "native", ""): 4, auto: 4}
     assert m["steps"][2]["dispatch"] == [{"op": "logp.forward", "requested": "native", "backend": "native",
                                           "status": "native", "reason": "", "count": 4}]
     assert m["env"].get("RLKERNEL_CAPTURE_TEST_MARK") == "kept" and "SECRET_TOKEN" not in json.dumps(m)
-    assert m["node"]["devices"][0]["backend"] == "cpu"
+    assert m["node"]["devices"][0]["backend"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert "pipelines.capture_child: logp-fused: 1 warm-up + 3 repetitions" in (run / "child.stdout").read_text()
     rows = list(csvrows(run / "ncu.csv"))
     assert rows[0] == list(ncu_csv.LONG_COLUMNS)

@@ -99,14 +99,3 @@ def test_sampling_check_at_temperature_zero_is_argmax(monkeypatch):
     real = rlkernel.sample
     monkeypatch.setattr(rlkernel, "sample", lambda *a, **k: (real(*a, **k) + 1) % 41)
     assert "temperature 0" in w.check(inputs)  # a sampler that misses the argmax is caught
-
-
-def test_validation_is_off_while_compiling(monkeypatch):
-    from rlkernel import validate
-
-    assert validate.validation_enabled()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not validate.validation_enabled()
-    monkeypatch.undo()
-    monkeypatch.setenv("RLKERNEL_VALIDATE", "0")
-    assert not validate.validation_enabled()
