@@ -145,6 +145,10 @@ class Trace:
             self.con.execute(sql, [p] if present else [])
         except duckdb.Error as e:
             raise TraceError(f"{self.path}: table {table} unreadable ({_first_line(e)})") from None
+        except UnicodeDecodeError:
+            # A BLOB that is not UTF-8 in a text column: the scanner's own error message carries the raw bytes,
+            # which the Python binding cannot decode. Invalid bytes stored as TEXT get the scanner's error.
+            raise TraceError(f"{self.path}: table {table} unreadable (a text value that is not UTF-8)") from None
         if present:
             self.tables.add(table)
 

@@ -1,0 +1,45 @@
+"""Issue 19, the analyzer's side: bad traces, manifests and outputs found by a red-team pass, each refused with
+one line and exit 2 (or handled), built from the real committed fixtures modified with sqlite3."""
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sqlite3
+
+import pytest
+
+from pipelines import analyze
+from tests.nsys_reference import DATA
+
+pytestmark = pytest.mark.smoke
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def main(*argv):
+    return analyze.main([str(a) for a in argv])
+
+
+def trace_copy(tmp_path, *sql, case="verdicts", name="trace.sqlite") -> pathlib.Path:
+    """A copy of a fixture trace with ``sql`` applied."""
+    p = tmp_path / name
+    shutil.copy(DATA / case / "trace.sqlite", p)
+    con = sqlite3.connect(p)
+    for q in sql:
+        con.execute(q)
+    con.commit()
+    con.close()
+    return p
+
+
+def one_line_exit_2(capsys, *argv) -> str:
+    rc = main(*argv)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("analyze: ")]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("pipelines.analyze: "), (rc, err)
+    return err[0]
+
+
+def test_non_utf8_blob_in_string_ids_is_one_line(tmp_path, capsys):
+    t = trace_copy(tmp_path, "UPDATE StringIds SET value = x'fffe41' "
+                             "WHERE id = (SELECT textId FROM NVTX_EVENTS WHERE textId IS NOT NULL LIMIT 1)")
+    line = one_line_exit_2(capsys, t, "--out", tmp_path / "rep")
+    assert "StringIds" in line and "UTF-8" in line
