@@ -194,7 +194,31 @@ def out_dir_for(src: analysis.Source, out: pathlib.Path | None, several: bool) -
     return pathlib.Path("reports") / ("example" if src.run_dir == EXAMPLE_DIR else stem)
 
 
+# What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
+# extremes: a subtraction, a negation or a sum overflows): bad input, one line naming the file.
+NUMERIC_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException)
+
+
+def _out_of_range(path: pathlib.Path, e: Exception) -> trace_db.TraceError:
+    return trace_db.TraceError(f"{path}: values out of range for 64-bit arithmetic, not a trace nsys writes "
+                               f"({trace_db.first_line(e)})")
+
+
+def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
+    try:
+        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
+    except NUMERIC_ERRORS as e:
+        raise _out_of_range(src.trace, e) from None
+
+
 def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
+    try:
+        return _compare_frames(cur, base, threshold)
+    except NUMERIC_ERRORS as e:
+        raise _out_of_range(base.source.trace, e) from None
+
+
+def _compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
     con = duckdb.connect(":memory:")
     for prefix, r in (("cur", cur), ("base", base)):
         con.register(f"{prefix}_workloads", r.workloads)
@@ -235,14 +259,12 @@ def run(args: argparse.Namespace) -> int:
     outs = [out_dir_for(s, args.out, len(sources) > 1) for s in sources]
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
-    results = [analysis.analyze(s, patterns=args.fused_pattern, ranges=args.ranges) for s in sources]
-    base = None
-    if base_src is not None:
-        base = analysis.analyze(base_src, patterns=args.fused_pattern, ranges=args.ranges)
+    results = [analyze_source(s, args) for s in sources]
+    base = analyze_source(base_src, args) if base_src is not None else None
+    compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK
-    for res, out in zip(results, outs, strict=True):
+    for res, out, cmp in zip(results, outs, compares, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
-        cmp = compare_frames(res, base, args.threshold) if base is not None else None
         try:
             written = report.replace_dir(out, outputs(res, cmp, fails))
         except report.OutputError as e:

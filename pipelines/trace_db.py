@@ -120,7 +120,7 @@ class Trace:
             present = {r[0] for r in self.con.execute(
                 "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
         except duckdb.Error as e:
-            raise TraceError(f"{self.path}: cannot read as SQLite ({_first_line(e)})") from None
+            raise TraceError(f"{self.path}: cannot read as SQLite ({first_line(e)})") from None
         missing = [t for t in REQUIRED if t not in present]
         if missing or not any(m in present for m in NSYS_MARKERS):
             raise TraceError(f"{self.path}: not an nsys export (no {', '.join(missing or NSYS_MARKERS)} table)")
@@ -135,7 +135,7 @@ class Trace:
                 have = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM sqlite_scan(?, '{table}')", [p])
                         .fetchall()}
             except duckdb.Error as e:
-                raise TraceError(f"{self.path}: table {table} unreadable ({_first_line(e)})") from None
+                raise TraceError(f"{self.path}: table {table} unreadable ({first_line(e)})") from None
         select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' if c in have else f'CAST(NULL AS {t}) AS "{c}"'
                            for c, t in cols.items())
         # Table and column names come from SCHEMA above (constants), the path is a bound parameter.
@@ -144,7 +144,7 @@ class Trace:
         try:
             self.con.execute(sql, [p] if present else [])
         except duckdb.Error as e:
-            raise TraceError(f"{self.path}: table {table} unreadable ({_first_line(e)})") from None
+            raise TraceError(f"{self.path}: table {table} unreadable ({first_line(e)})") from None
         except UnicodeDecodeError:
             # A BLOB that is not UTF-8 in a text column: the scanner's own error message carries the raw bytes,
             # which the Python binding cannot decode. Invalid bytes stored as TEXT get the scanner's error.
@@ -171,7 +171,7 @@ def empty_sources(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE TEMP TABLE src_{table} ({body})")
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
 

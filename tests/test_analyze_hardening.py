@@ -43,3 +43,28 @@ def test_non_utf8_blob_in_string_ids_is_one_line(tmp_path, capsys):
                              "WHERE id = (SELECT textId FROM NVTX_EVENTS WHERE textId IS NOT NULL LIMIT 1)")
     line = one_line_exit_2(capsys, t, "--out", tmp_path / "rep")
     assert "StringIds" in line and "UTF-8" in line
+
+
+FIRST_KERNEL = "rowid = (SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+FIRST_PUSH = "rowid = (SELECT min(rowid) FROM NVTX_EVENTS WHERE eventType = 59)"
+
+
+@pytest.mark.parametrize("sql", [
+    f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MIN} WHERE {FIRST_KERNEL}",
+    f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = {INT64_MIN} WHERE {FIRST_KERNEL}',
+    f"UPDATE NVTX_EVENTS SET start = {INT64_MIN} WHERE {FIRST_PUSH}",
+    f'UPDATE NVTX_EVENTS SET "end" = {INT64_MIN} WHERE {FIRST_PUSH}',
+    f'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 0, "end" = {INT64_MAX}',  # every kernel: the sums overflow
+], ids=["kernel-start-min", "kernel-end-min", "nvtx-start-min", "nvtx-end-min", "kernel-sums"])
+def test_int64_extreme_timestamps_are_one_line(tmp_path, capsys, sql):
+    t = trace_copy(tmp_path, sql)
+    assert "out of range" in one_line_exit_2(capsys, t, "--out", tmp_path / "rep")
+    assert not (tmp_path / "rep").exists()
+
+
+def test_int64_extreme_timestamps_in_the_compare_baseline_are_one_line(tmp_path, capsys):
+    base = trace_copy(tmp_path, f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MIN} WHERE {FIRST_KERNEL}",
+                      name="base.sqlite")
+    line = one_line_exit_2(capsys, DATA / "verdicts", "--compare", base, "--out", tmp_path / "rep")
+    assert "base.sqlite" in line and "out of range" in line
+    assert not (tmp_path / "rep").exists()
