@@ -83,8 +83,11 @@ def newest_run(root: pathlib.Path) -> pathlib.Path | None:
 def read_json(path: pathlib.Path, what: str):
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({str(e).splitlines()[0][:160]})") from None
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; nesting deeper than the parser's stack
+    # (`[` x 200000) is a RecursionError
+    except (OSError, ValueError, RecursionError) as e:
+        why = str(e).splitlines()[0][:160] if not isinstance(e, RecursionError) else "nested too deeply"
+        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({why})") from None
 
 
 _INT_MAX = 2 ** 63 - 1  # the bytes/flops columns are BIGINT

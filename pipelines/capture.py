@@ -132,6 +132,22 @@ def ncu_import_argv(ncu: str, rep: str) -> list[str]:
     return [ncu, "--import", rep, "--csv", "--page", "raw", "--print-units", "base", "--print-kernel-base", "function"]
 
 
+def read_child_record(path: pathlib.Path, step_name: str) -> dict:
+    """The child's record (``dispatch`` list, ``node`` object, timings); one-line CliError (exit 2) when the file
+    is not one: unreadable, not JSON, nested deeper than the parser's stack, or the wrong shape."""
+    import json
+
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0][:160]
+        raise CliError(f"{step_name}: the child's record {path.name} is not readable JSON ({why})") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("dispatch"), list) or not isinstance(rec.get("node"), dict):
+        raise CliError(f"{step_name}: the child's record {path.name} is not an object with a dispatch list and a "
+                       "node object")
+    return rec
+
+
 # ---- running steps ---------------------------------------------------------------------------------------
 
 class Capture:
@@ -184,11 +200,9 @@ class Capture:
             raise CliError(f"{name} exited {rc}: {why} (see {log}.stderr)", code)
 
     def read_record(self, path: pathlib.Path, step_name: str) -> dict:
-        import json
-
         if not path.exists():
             raise CliError(f"{step_name}: the child wrote no record (see child.stderr)", EXIT_CHECK_FAILED)
-        rec = json.loads(path.read_text())
+        rec = read_child_record(path, step_name)
         path.unlink()
         self.run.manifest["steps"][-1]["dispatch"] = rec["dispatch"]
         if not self.node_from_child:  # the first (traced) child's node record, taken in its environment

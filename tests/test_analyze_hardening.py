@@ -68,3 +68,34 @@ def test_int64_extreme_timestamps_in_the_compare_baseline_are_one_line(tmp_path,
     line = one_line_exit_2(capsys, DATA / "verdicts", "--compare", base, "--out", tmp_path / "rep")
     assert "base.sqlite" in line and "out of range" in line
     assert not (tmp_path / "rep").exists()
+
+
+def run_copy(tmp_path, case="verdicts") -> pathlib.Path:
+    """A run directory built from a fixture: its trace and manifest."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("trace.sqlite", "manifest.json"):
+        shutil.copy(DATA / case / name, run / name)
+    return run
+
+
+@pytest.mark.parametrize("text", ["[" * 200000, '{"a":' * 200000])
+def test_deeply_nested_manifest_is_one_line(tmp_path, capsys, text):
+    run = run_copy(tmp_path)
+    (run / "manifest.json").write_text(text)
+    assert "manifest.json: not a readable JSON manifest" in one_line_exit_2(capsys, run)
+    assert not (run / "report").exists()
+
+
+def test_deeply_nested_child_record_is_one_line(tmp_path):
+    from pipelines import capture
+    from rlkernel.cli import EXIT_USAGE, CliError
+
+    rec = tmp_path / "child-nsys.json"
+    for text in ("[" * 200000, "[]", '{"dispatch": {}}'):
+        rec.write_text(text)
+        with pytest.raises(CliError) as e:
+            capture.read_child_record(rec, "nsys profile")
+        assert e.value.code == EXIT_USAGE and "child-nsys.json" in str(e.value) and "\n" not in str(e.value)
+    rec.write_text('{"dispatch": [], "node": {}, "timings": {}}')
+    assert capture.read_child_record(rec, "nsys profile")["dispatch"] == []
