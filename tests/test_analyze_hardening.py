@@ -99,3 +99,32 @@ def test_deeply_nested_child_record_is_one_line(tmp_path):
         assert e.value.code == EXIT_USAGE and "child-nsys.json" in str(e.value) and "\n" not in str(e.value)
     rec.write_text('{"dispatch": [], "node": {}, "timings": {}}')
     assert capture.read_child_record(rec, "nsys profile")["dispatch"] == []
+
+
+CAPTURE_RUN = DATA / "capture" / "20261202T095005Z-logp-native+1"  # a real H200 run with its ncu.csv
+
+
+@pytest.mark.parametrize("column,value", [("instance", "1.5"), ("instance", "abc"),
+                                          ("instance", str(2 ** 63)), ("launch", "x"), ("launch", "")])
+def test_ncu_csv_bad_integer_is_one_line(tmp_path, capsys, column, value):
+    run = tmp_path / "run"
+    shutil.copytree(CAPTURE_RUN, run)
+    lines = (run / "ncu.csv").read_text().splitlines()
+    cols = lines[0].split(",")
+    row = lines[1].split(",")
+    row[cols.index(column)] = value
+    (run / "ncu.csv").write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+    line = one_line_exit_2(capsys, run, "--out", tmp_path / "rep")
+    assert "ncu.csv" in line and f"{column} " in line and "line 2" in line
+
+
+def test_ncu_csv_empty_instance_is_allowed(tmp_path):
+    # to_long leaves instance empty when the launches do not split into repetitions: not an error
+    run = tmp_path / "run"
+    shutil.copytree(CAPTURE_RUN, run)
+    lines = (run / "ncu.csv").read_text().splitlines()
+    rows = [ln.split(",") for ln in lines[1:]]
+    for r in rows:
+        r[1] = ""
+    (run / "ncu.csv").write_text("\n".join([lines[0], *(",".join(r) for r in rows)]) + "\n")
+    assert main(run, "--out", tmp_path / "rep") == 0
