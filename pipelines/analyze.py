@@ -158,6 +158,13 @@ def read_provenance(path: pathlib.Path) -> dict:
 
 def resolve(inp: pathlib.Path) -> analysis.Source:
     """An INPUT -> what to analyze. Raises TraceError naming the file and the problem."""
+    try:
+        return _resolve(inp)
+    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a directory we cannot search
+        raise trace_db.TraceError(f"{inp}: cannot read it ({e.strerror or e})") from None
+
+
+def _resolve(inp: pathlib.Path) -> analysis.Source:
     if inp.is_dir():
         trace = inp / "trace.sqlite"
         manifest = read_manifest(inp / "manifest.json") if (inp / "manifest.json").is_file() else None

@@ -82,6 +82,19 @@ class OutputError(Exception):
 def check_target(out_dir: pathlib.Path) -> None:
     """Raise OutputError unless ``out_dir`` can be replaced by a new report: absent, or a directory holding
     only the analyzer's own outputs, below directories, and not the current directory or one above it."""
+    try:
+        _check_target(out_dir)
+    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a parent we cannot search
+        raise OutputError(f"{out_dir}: cannot use it as the output directory ({e.strerror or e})") from None
+
+
+def _tmp_prefix(out: pathlib.Path, kind: str) -> str:
+    """The name prefix of ``out``'s temporary siblings, ``.<name>.<kind>-``: the name cut to 64 bytes so that a
+    name of up to 255 bytes still gives a temporary name the file system takes."""
+    return f".{os.fsdecode(os.fsencode(out.name)[:64])}.{kind}-"
+
+
+def _check_target(out_dir: pathlib.Path) -> None:
     out = pathlib.Path(os.path.abspath(out_dir))
     for p in (out, *out.parents):
         if p.exists() and not p.is_dir():
@@ -114,7 +127,7 @@ def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.
     os.umask(umask)  # mkdtemp makes a 0700 directory; reports get the usual modes
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=_tmp_prefix(out, "new"), dir=out.parent))
     except OSError as e:
         raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
     old = None
@@ -123,7 +136,7 @@ def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.
             (tmp / name).write_bytes(data)
         os.chmod(tmp, 0o777 & ~umask)
         if out.exists():
-            old = tmp.with_name(tmp.name.replace(".new-", ".old-", 1))
+            old = tmp.with_name(_tmp_prefix(out, "old") + tmp.name[len(_tmp_prefix(out, "new")):])
             os.rename(out, old)
         try:
             os.rename(tmp, out)

@@ -128,3 +128,23 @@ def test_ncu_csv_empty_instance_is_allowed(tmp_path):
         r[1] = ""
     (run / "ncu.csv").write_text("\n".join([lines[0], *(",".join(r) for r in rows)]) + "\n")
     assert main(run, "--out", tmp_path / "rep") == 0
+
+
+def test_input_path_longer_than_255_bytes_is_one_line(tmp_path, capsys):
+    for long in (tmp_path / ("x" * 300 + ".sqlite"), tmp_path / ("d" * 300)):
+        assert "too long" in one_line_exit_2(capsys, long, "--out", tmp_path / "rep").lower()
+        assert "too long" in one_line_exit_2(capsys, DATA / "no_cuda", "--compare", long,
+                                             "--out", tmp_path / "rep").lower()
+
+
+def test_out_name_longer_than_255_bytes_is_one_line(tmp_path, capsys):
+    for out in (tmp_path / ("r" * 300), tmp_path / ("r" * 300) / "rep"):
+        assert "too long" in one_line_exit_2(capsys, DATA / "no_cuda", "--out", out).lower()
+    assert not list(tmp_path.iterdir())
+
+
+def test_out_name_of_255_bytes_is_written(tmp_path):
+    # the name fits; the temporary sibling's name must fit too
+    out = tmp_path / ("r" * 255)
+    assert main(DATA / "no_cuda", "--out", out) == 0 and (out / "report.html").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
