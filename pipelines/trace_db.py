@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import shutil
+import tempfile
 
 import duckdb
 
@@ -105,17 +107,26 @@ def check_sqlite_file(path: pathlib.Path) -> None:
         raise TraceError(f"{path}: truncated SQLite file ({size} bytes, its header says {page * pages})")
 
 
-class Trace:
-    """One export loaded into DuckDB temp tables ``src_<table>``; ``tables`` says which were present."""
+def wal_mode(path: pathlib.Path) -> bool:
+    """The file's header says WAL journal mode (write/read format versions 2)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    return head[18:20] != b"\x01\x01"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: pathlib.Path):
+
+class Trace:
+    """One export loaded into DuckDB temp tables ``src_<table>``; ``tables`` says which were present.
+    ``scan`` is the file actually scanned (a private copy of a WAL-mode export), ``path`` the one named."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: pathlib.Path, scan: pathlib.Path | None = None):
         self.con = con
         self.path = path
+        self.scan = scan or path
         self.tables: set[str] = set()
         self.load()
 
     def load(self) -> None:
-        p = str(self.path)
+        p = str(self.scan)
         try:
             present = {r[0] for r in self.con.execute(
                 "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
@@ -128,7 +139,7 @@ class Trace:
             self._copy(table, cols, table in present)
 
     def _copy(self, table: str, cols: dict[str, str], present: bool) -> None:
-        p = str(self.path)
+        p = str(self.scan)
         have: set[str] = set()
         if present:
             try:
@@ -179,4 +190,20 @@ def first_line(e: Exception) -> str:
 def open_trace(path: pathlib.Path, con: duckdb.DuckDBPyConnection | None = None) -> Trace:
     path = pathlib.Path(path)
     check_sqlite_file(path)
-    return Trace(con or connect(), path)
+    if not wal_mode(path):
+        return Trace(con or connect(), path)
+    # SQLite opens a WAL-mode database, even read-only, by creating <file>-wal and <file>-shm beside it (and fails
+    # where that directory is read-only), and the scanner takes no `immutable` URI. Scan a private copy instead,
+    # with its -wal when one lies beside it (rows not yet checkpointed live there); the tables are copied into
+    # DuckDB on load, so the copy goes right after. nsys itself never writes WAL-mode exports.
+    with tempfile.TemporaryDirectory(prefix="rlkernel-wal-") as d:
+        copy = pathlib.Path(d) / "trace.sqlite"
+        try:
+            shutil.copyfile(path, copy)
+            wal = path.with_name(path.name + "-wal")
+            if wal.is_file():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as e:
+            raise TraceError(f"{path}: a WAL-mode SQLite file, and copying it to read it failed "
+                             f"({e.strerror or e})") from None
+        return Trace(con or connect(), path, scan=copy)

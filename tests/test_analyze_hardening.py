@@ -148,3 +148,34 @@ def test_out_name_of_255_bytes_is_written(tmp_path):
     out = tmp_path / ("r" * 255)
     assert main(DATA / "no_cuda", "--out", out) == 0 and (out / "report.html").is_file()
     assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_wal_mode_trace_gets_nothing_written_beside_it(tmp_path):
+    t = trace_copy(tmp_path, "PRAGMA journal_mode=wal")  # persists in the file's header
+    assert t.read_bytes()[18:20] == b"\x02\x02"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(t, "--out", tmp_path / "rep") == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "rep") == before  # no -wal, no -shm
+
+
+def test_wal_mode_trace_with_its_wal_is_read_whole(tmp_path):
+    # A writer that has not checkpointed: the newest rows live in trace.sqlite-wal, copied as they are.
+    src = tmp_path / "live"
+    src.mkdir()
+    t = trace_copy(src, "PRAGMA journal_mode=wal")
+    con = sqlite3.connect(t)
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("UPDATE StringIds SET value = 'renamed_in_wal' WHERE id = "
+                "(SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)")
+    con.commit()
+    run = tmp_path / "copy"
+    run.mkdir()
+    for p in src.iterdir():
+        shutil.copy(p, run / p.name)
+    con.close()
+    (run / "trace.sqlite-shm").unlink()
+    names = sorted(p.name for p in run.iterdir())
+    assert names == ["trace.sqlite", "trace.sqlite-wal"]
+    assert main(run / "trace.sqlite", "--out", tmp_path / "rep") == 0
+    assert "renamed_in_wal" in (tmp_path / "rep" / "kernel_summary.csv").read_text()
+    assert sorted(p.name for p in run.iterdir()) == names
