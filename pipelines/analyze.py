@@ -276,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
     for res, out, cmp in zip(results, outs, compares, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails))
+            written = report.replace_dir(out, outputs(res, cmp, fails), on_wait=lambda out=out: print(
+                f"{PROG}: waiting for another run writing beside {out}", file=sys.stderr, flush=True))
         except report.OutputError as e:
             raise UsageError(str(e)) from None
         print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")

@@ -7,6 +7,7 @@ META_DATA_CAPTURE's ENVIRONMENT_VARIABLE rows) is never read by the analyzer, so
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
@@ -17,6 +18,8 @@ import tempfile
 
 import jinja2
 import pandas as pd
+
+from pipelines import swap
 
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
@@ -114,11 +117,14 @@ def _check_target(out_dir: pathlib.Path) -> None:
                               "replaces its output directory as a whole, so give an empty or new directory")
 
 
-def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.Path]:
-    """Write the whole output set into a temporary sibling directory, then swap it in for ``out_dir``: a reader
-    sees the previous complete set or the new one, never a mix (no compare.csv of an earlier --compare next to
-    a newer report), and a failure leaves the previous set (or, at worst, a crash between the two renames, none).
-    ``check_target`` first: a directory holding anything but reports is never replaced."""
+def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes], on_wait=None) -> list[pathlib.Path]:
+    """Write the whole output set into a temporary sibling directory, then swap it in for ``out_dir``: at every
+    instant a reader (and a ``kill -9``) finds the previous complete set or the new one, never a mix and never
+    none. ``check_target`` first: a directory holding anything but reports is never replaced.
+
+    One writer at a time per parent directory (a lock on it; ``on_wait()`` when another run holds it), so two
+    runs on one directory both finish and the last one's set stays. Under the lock, the temporaries a killed
+    run left (``.<name>.new-*``, ``.<name>.old-*``) are removed first."""
     check_target(out_dir)
     out = pathlib.Path(os.path.abspath(out_dir))
     if out.is_symlink():
@@ -127,33 +133,72 @@ def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.
     os.umask(umask)  # mkdtemp makes a 0700 directory; reports get the usual modes
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
+    with swap.locked(out.parent, on_wait):
+        clean_stale(out)
+        check_target(out_dir)  # again: another run may have written it while this one waited
+        _write_and_switch(out, out_dir, files, umask)
+    return [pathlib.Path(out_dir) / name for name in files]
+
+
+def clean_stale(out: pathlib.Path) -> None:
+    """Remove the temporary siblings of ``out`` that a killed run left. An ``.old-*`` is a whole previous set
+    moved aside by the two-rename fallback: where ``out`` is missing (killed between the renames) the newest
+    one is put back first."""
+    try:
+        stale = sorted((p for p in out.parent.iterdir() if p.name.startswith((_tmp_prefix(out, "new"),
+                                                                             _tmp_prefix(out, "old")))),
+                       key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    olds = [p for p in stale if p.name.startswith(_tmp_prefix(out, "old"))]
+    if olds and not os.path.lexists(out):
+        with contextlib.suppress(OSError):
+            os.rename(olds[-1], out)
+            stale.remove(olds[-1])
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _write_and_switch(out: pathlib.Path, out_dir: pathlib.Path, files: dict[str, bytes], umask: int) -> None:
+    try:
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=_tmp_prefix(out, "new"), dir=out.parent))
     except OSError as e:
         raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
-    old = None
     try:
-        for name, data in files.items():
+        for i, (name, data) in enumerate(files.items()):
             (tmp / name).write_bytes(data)
+            if i == 0:
+                swap.pause_for_test("writing")
         os.chmod(tmp, 0o777 & ~umask)
-        if out.exists():
-            old = tmp.with_name(_tmp_prefix(out, "old") + tmp.name[len(_tmp_prefix(out, "new")):])
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old is not None:
-                os.rename(old, out)
-                old = None
-            raise
+        swap.pause_for_test("switch")
+        if not out.exists():
+            os.rename(tmp, out)  # atomic: nothing there yet
+        elif not swap.exchange(tmp, out):
+            _rename_over(tmp, out)
+        # tmp now holds the previous set (or nothing)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OutputError(f"{out_dir}: cannot write the report ({e.strerror or e})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return [pathlib.Path(out_dir) / name for name in files]
+    swap.pause_for_test("cleanup")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rename_over(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    """Where no atomic exchange exists: the old set moves aside, the new one in. A kill between the two leaves
+    the old set as ``.<name>.old-*``, which the next run's ``clean_stale`` puts back."""
+    old = tmp.with_name(_tmp_prefix(out, "old") + tmp.name[len(_tmp_prefix(out, "new")):])
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    os.rename(old, tmp)  # the caller removes tmp
 
 
 def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS) -> dict:
