@@ -106,6 +106,7 @@ def _check_target(out_dir: pathlib.Path) -> None:
     if out.resolve() == cwd or out.resolve() in cwd.parents:
         raise OutputError(f"{out_dir}: the current directory or one above it; the report replaces its output "
                           "directory as a whole, so give a directory of its own")
+    _check_writable(out, out_dir)
     if out.is_dir():
         try:
             foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUT_NAMES or not p.is_file())
@@ -115,6 +116,18 @@ def _check_target(out_dir: pathlib.Path) -> None:
             raise OutputError(f"{out_dir}: holds {len(foreign)} entries the analyzer did not write "
                               f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); the report "
                               "replaces its output directory as a whole, so give an empty or new directory")
+
+
+def _check_writable(out: pathlib.Path, out_dir: pathlib.Path) -> None:
+    """The report goes into a temporary sibling of ``out`` first: check that the nearest existing directory
+    (``out``'s parent, or the first one above it that exists) takes a new entry, by making and removing one
+    (permission bits do not say it for root, a read-only mount, an immutable directory)."""
+    where = next(p for p in out.parents if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=_tmp_prefix(out, "new"), dir=where))
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot write there ({where}: {e.strerror or e}); choose a writable "
+                          "directory for the report with --out DIR") from None
 
 
 def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes], on_wait=None) -> list[pathlib.Path]:

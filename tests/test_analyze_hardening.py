@@ -179,3 +179,14 @@ def test_wal_mode_trace_with_its_wal_is_read_whole(tmp_path):
     assert main(run / "trace.sqlite", "--out", tmp_path / "rep") == 0
     assert "renamed_in_wal" in (tmp_path / "rep" / "kernel_summary.csv").read_text()
     assert sorted(p.name for p in run.iterdir()) == names
+
+
+def test_unwritable_output_is_refused_before_the_analysis(tmp_path, capsys):
+    # /sys takes no new entries for any user, root included (EPERM on a host, EROFS in a container), which
+    # permission bits cannot give a root test; a read-only run directory's report/ takes the same check.
+    out = pathlib.Path("/sys/rlkernel-analyze-test-report")
+    rc = main(DATA / "nvtx_mix", "--out", out)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err  # one line, and no "analyze: ... loaded" progress: nothing analyzed
+    assert "cannot write" in err[0] and "--out" in err[0]
+    assert not out.exists()
