@@ -20,6 +20,7 @@ import jinja2
 import pandas as pd
 
 from pipelines import swap
+from rlkernel import textsafe
 
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
@@ -294,7 +295,9 @@ def provenance(result) -> dict:
         "note": p.get("note", ""),
         "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
     }
-    return out
+    # A run's command holds the user's absolute paths (interpreter, --output-dir): shown as the stripped
+    # fixtures show them, <path>/<basename>.
+    return {k: textsafe.scrub_paths(str(v)) for k, v in out.items()}
 
 
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str]) -> bytes:

@@ -190,3 +190,18 @@ def test_unwritable_output_is_refused_before_the_analysis(tmp_path, capsys):
     assert rc == 2 and len(err) == 1, err  # one line, and no "analyze: ... loaded" progress: nothing analyzed
     assert "cannot write" in err[0] and "--out" in err[0]
     assert not out.exists()
+
+
+def test_report_shows_no_absolute_path_of_the_runs_command(tmp_path):
+    import json
+
+    run = run_copy(tmp_path)
+    m = json.loads((run / "manifest.json").read_text())
+    m["command"] = ["/home/alice/proj/.venv/bin/python", "-m", "pipelines.capture", "--output-dir",
+                    "/home/alice/proj/runs", "--log=/home/alice/secret/log.txt", "rel/path"]
+    (run / "manifest.json").write_text(json.dumps(m))
+    assert main(run) == 0
+    html = (run / "report" / "report.html").read_text()
+    assert "/home/alice" not in html
+    assert ("&lt;path&gt;/python -m pipelines.capture --output-dir &lt;path&gt;/runs "
+            "--log=&lt;path&gt;/log.txt rel/path") in html
