@@ -68,8 +68,13 @@ def fmt_num(v) -> str:
 
 
 def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
+    """The table as CSV, text cells neutralised for spreadsheets (rlkernel.textsafe.to_spreadsheet)."""
     buf = io.StringIO()
-    df.reindex(columns=columns).to_csv(buf, index=False)
+    d = df.reindex(columns=columns)
+    for c in d.columns:
+        if d[c].dtype == object or pd.api.types.is_string_dtype(d[c]):
+            d[c] = d[c].map(textsafe.to_spreadsheet)
+    d.to_csv(buf, index=False)
     return buf.getvalue().encode()
 
 

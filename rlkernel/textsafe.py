@@ -3,6 +3,15 @@ tools/traces/strip_export.py share it.
 
 - :func:`scrub_paths`: absolute paths -> ``<path>/<basename>`` (what the stripped fixtures hold, and what a report
   shows of a run's command line: no user names or home directories).
+- :func:`to_spreadsheet` / :func:`from_spreadsheet`: CSV formula injection. A spreadsheet evaluates a cell that
+  begins with ``=``, ``+``, ``-`` or ``@`` (and some strip a leading tab or CR first), so a kernel name or an
+  NVTX message like ``=HYPERLINK(...)`` would run as a formula. Every CSV written for people (the analyzer's
+  tables, the profile suite's report) passes its *text* cells through :func:`to_spreadsheet`, which puts one
+  ``'`` in front of such a cell (and of one that already begins with ``'``, so the mapping can be undone
+  exactly); numbers, and text that is a plain number (``-1.5``), are left alone. ``'`` is what a spreadsheet
+  itself takes as "this cell is text" and does not show. :func:`from_spreadsheet` undoes it: a program that
+  reads these CSVs back (and the tests that compare their names with nsys's) drops one leading ``'``.
+  ``ncu.csv`` in a run directory is an input the analyzer joins on, never neutralised.
 """
 from __future__ import annotations
 
@@ -23,3 +32,23 @@ def scrub_paths(value):
     if not isinstance(value, str) or "/" not in value:
         return value
     return PATH_TOKEN.sub(_basename, value)
+
+
+# What a spreadsheet may take as the start of a formula; "'" is included so that to_spreadsheet is reversible.
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r", "'")
+NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def to_spreadsheet(value):
+    """A CSV cell safe to open in a spreadsheet: text that begins with = + - @ tab CR or ' gets a leading ';
+    anything else (numbers, None, text that is a plain number) is returned as is."""
+    if isinstance(value, str) and value[:1] in FORMULA_LEADS and not NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
+def from_spreadsheet(value):
+    """The text :func:`to_spreadsheet` was given: one leading ' dropped (text cells only)."""
+    if isinstance(value, str) and value[:1] == "'" and value[1:2] in FORMULA_LEADS and value[1:2]:
+        return value[1:]
+    return value

@@ -205,3 +205,66 @@ def test_report_shows_no_absolute_path_of_the_runs_command(tmp_path):
     assert "/home/alice" not in html
     assert ("&lt;path&gt;/python -m pipelines.capture --output-dir &lt;path&gt;/runs "
             "--log=&lt;path&gt;/log.txt rel/path") in html
+
+
+FORMULAS = ('=HYPERLINK("http://evil.example/","click")', "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)")
+
+
+def text_cells(path: pathlib.Path) -> list[str]:
+    import csv
+
+    with open(path, newline="") as f:
+        return [c for row in csv.reader(f) for c in row]
+
+
+def test_csv_text_cells_are_neutralised_and_numbers_are_not(tmp_path):
+    import csv
+
+    from pipelines import analysis
+    from rlkernel import textsafe
+
+    kernel, range_msg, domain_msg, _ = FORMULAS
+    t = trace_copy(tmp_path,
+                   f"UPDATE StringIds SET value = '{kernel.replace(chr(39), chr(39) * 2)}' "
+                   "WHERE id = (SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1)",
+                   f"UPDATE StringIds SET value = '{range_msg.replace(chr(39), chr(39) * 2)}' "
+                   "WHERE id = (SELECT textId FROM NVTX_EVENTS WHERE eventType = 59 AND textId IS NOT NULL LIMIT 1)",
+                   f"UPDATE NVTX_EVENTS SET text = '{domain_msg}' WHERE eventType = 75 AND text = 'app'",
+                   case="nvtx_mix")
+    base = trace_copy(tmp_path, 'UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET "end" = "end" + 100000', case="nvtx_mix",
+                      name="base.sqlite")
+    out = tmp_path / "rep"
+    assert main(t, "--compare", base, "--out", out) == 0
+    cells = [c for p in out.glob("*.csv") for c in text_cells(p)]
+    assert not [c for c in cells if c[:1] in ("=", "+", "@", "\t", "\r")]
+    assert not [c for c in cells if c[:1] == "-" and not textsafe.NUMBER.fullmatch(c)]
+    assert f"'{kernel}" in cells and any(c.startswith(f"'{domain_msg}:") for c in cells)
+    assert any(c.endswith(f":{range_msg}") for c in cells)
+    # numbers stay numbers: compare.csv's delta_pct is negative here (the baseline's kernels ran longer)
+    rows = list(csv.DictReader(open(out / "compare.csv", newline="")))
+    assert rows and all(float(r["delta_pct"]) < 0 for r in rows if r["kind"] == "kernel")
+    # Read back and un-neutralised, the names equal the analysis' own (what the nsys-equality tests compare).
+    ours = analysis.analyze(analysis.Source(t)).tables["kernel_summary"]
+    back = list(csv.DictReader(open(out / "kernel_summary.csv", newline="")))
+    for col in ("kernel", "kernel_short"):
+        assert [textsafe.from_spreadsheet(r[col]) for r in back] == list(ours[col])
+    assert kernel in list(ours["kernel_short"])
+
+
+def test_profile_suite_csv_is_neutralised_and_json_exact(tmp_path):
+    import csv
+    import json
+
+    from rlkernel.profiling import rows, writers
+
+    row = {k: "" for k in rows.COLUMNS}
+    row.update(workload=FORMULAS[0], command=FORMULAS[1], notes=FORMULAS[2], gpu_name=FORMULAS[3], latency_ms=-1.5,
+               batch_size=4, dispatch="'quoted")
+    paths = writers.write_reports(tmp_path, [row], csv_out=True, json_out=True, command=FORMULAS[1], node={},
+                                  generated_at="t")
+    got = next(csv.DictReader(open(next(p for p in paths if p.suffix == ".csv"), newline="")))
+    assert [got[k] for k in ("workload", "command", "notes", "gpu_name", "dispatch")] == \
+        ["'" + f for f in FORMULAS] + ["''quoted"]
+    assert got["latency_ms"] == "-1.5" and got["batch_size"] == "4"
+    doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
+    assert doc["rows"][0]["workload"] == FORMULAS[0] and doc["command"] == FORMULAS[1]
