@@ -17,6 +17,7 @@ import duckdb
 import pandas as pd
 
 from pipelines import analysis, report, sql, trace_db
+from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
@@ -276,22 +277,28 @@ def run(args: argparse.Namespace) -> int:
     for res, out, cmp in zip(results, outs, compares, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails), on_wait=lambda out=out: print(
-                f"{PROG}: waiting for another run writing beside {out}", file=sys.stderr, flush=True))
+            written = report.replace_dir(out, outputs(res, cmp, fails), on_wait=lambda out=out: say(
+                f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
         except report.OutputError as e:
             raise UsageError(str(e)) from None
-        print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
+        say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
-            print(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_proj_gpu_ns)} GPU each)")
+            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_proj_gpu_ns)} GPU each)")
         for f in fails:
-            print(f"{PROG}: not fused: {f}", file=sys.stderr)
+            say(f"{PROG}: not fused: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
             for r in cmp[cmp["regression"]].itertuples(index=False):
-                print(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, "
-                      f"delta {r.delta_pct}% (threshold {args.threshold}%)", file=sys.stderr)
+                say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, "
+                    f"delta {r.delta_pct}% (threshold {args.threshold}%)", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
+
+
+def say(line: str, file=None) -> None:
+    """Print one line with the names in it escaped for the terminal (a range or kernel name can hold ESC,
+    NUL or newlines: rlkernel.textsafe.terminal)."""
+    print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
 def main(argv=None) -> int:
@@ -299,13 +306,13 @@ def main(argv=None) -> int:
         args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
         return run(args)
     except CliError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return e.code
     except (trace_db.TraceError, UsageError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return EXIT_USAGE
     except trace_db.ExtensionMissing as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return EXIT_BLOCKED
 
 

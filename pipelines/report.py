@@ -17,6 +17,7 @@ import shutil
 import tempfile
 
 import jinja2
+import markupsafe
 import pandas as pd
 
 from pipelines import swap
@@ -37,9 +38,16 @@ def _template_dir() -> pathlib.Path:
     return pathlib.Path(str(importlib.resources.files("reports_templates")))
 
 
+def _visible(v):
+    return textsafe.visible(v) if isinstance(v, str) and not isinstance(v, markupsafe.Markup) else v
+
+
 def environment() -> jinja2.Environment:
+    # finalize: every string a template prints shows its control characters visibly (textsafe.visible), then
+    # autoescape escapes it
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=_visible)
     env.filters["ns"] = fmt_ns
     env.filters["num"] = fmt_num
     return env

@@ -12,6 +12,10 @@ tools/traces/strip_export.py share it.
   itself takes as "this cell is text" and does not show. :func:`from_spreadsheet` undoes it: a program that
   reads these CSVs back (and the tests that compare their names with nsys's) drops one leading ``'``.
   ``ncu.csv`` in a run directory is an input the analyzer joins on, never neutralised.
+- :func:`terminal` and :func:`visible`: control characters in names (NUL, ESC, newlines, C1 codes, bidi
+  controls) reach the terminal escaped (``\\x1b``, ``\\n``: no colour change, no forged line) and the HTML as
+  visible symbols (U+2400 Control Pictures: ``␛``, ``␊``, ``␀``; other non-printables as ``\\x9b``). CSV cells
+  keep them exactly (quoted as CSV requires): the CSVs are data.
 """
 from __future__ import annotations
 
@@ -52,3 +56,29 @@ def from_spreadsheet(value):
     if isinstance(value, str) and value[:1] == "'" and value[1:2] in FORMULA_LEADS and value[1:2]:
         return value[1:]
     return value
+
+
+_C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return _C_ESCAPES.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+
+
+def terminal(text: str) -> str:
+    """``text`` safe to print: every non-printable character (C0, DEL, C1, line separators, format controls)
+    as a Python-style escape, so a name cannot move the cursor, recolour the terminal or forge a line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters shown: C0 codes and DEL as their Control Pictures (``␀``, ``␛``,
+    ``␊``, ``␡``), any other non-printable character as a Python-style escape."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        o = ord(c)
+        out.append(c if c.isprintable() else chr(0x2400 + o) if o < 0x20 else "\u2421" if o == 0x7F else _escape(c))
+    return "".join(out)

@@ -268,3 +268,24 @@ def test_profile_suite_csv_is_neutralised_and_json_exact(tmp_path):
     assert got["latency_ms"] == "-1.5" and got["batch_size"] == "4"
     doc = json.loads(next(p for p in paths if p.suffix == ".json").read_text())
     assert doc["rows"][0]["workload"] == FORMULAS[0] and doc["command"] == FORMULAS[1]
+
+
+def test_control_characters_are_escaped_on_the_terminal_and_visible_in_html(tmp_path, capsys):
+    evil = "ev\x1b[31mil\nname\x00\x07\x9b-fused"  # ESC, newline, NUL, BEL, a C1 CSI: a *-fused workload range
+    t = trace_copy(tmp_path, case="nvtx_mix")
+    con = sqlite3.connect(t)
+    con.execute("UPDATE NVTX_EVENTS SET text = ? WHERE text = 'outer'", (evil,))
+    con.execute("UPDATE StringIds SET value = ? WHERE id = (SELECT shortName FROM CUPTI_ACTIVITY_KIND_KERNEL "
+                "LIMIT 1)", ("k\x1b]0;title\x07ernel",))
+    con.commit()
+    con.close()
+    out = tmp_path / "rep"
+    assert main(t, "--out", out, "--require-fused") == 1  # the evil range is a *-fused workload, not fused
+    cap = capsys.readouterr()
+    for stream in (cap.out, cap.err):
+        assert not any(ch in stream for ch in "\x1b\x00\x07\x9b"), repr(stream)
+    assert "ev\\x1b[31mil\\nname\\x00\\x07\\x9b-fused" in cap.out and "\\x1b" in cap.err
+    assert all(ln.startswith(("  ", "pipelines.analyze: ", "analyze: ")) for ln in (cap.out + cap.err).splitlines())
+    html = (out / "report.html").read_text()
+    assert not any(ch in html for ch in "\x1b\x00\x07\x9b")
+    assert "ev␛[31mil␊name␀␇\\x9b-fused" in html and "k␛]0;title␇ernel" in html
