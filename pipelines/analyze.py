@@ -261,6 +261,25 @@ def check_outputs(outs: list[pathlib.Path]) -> None:
             raise UsageError(str(e)) from None
 
 
+def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
+    """Every --range NAME matches a range of some input (`domain:name`, `:name`, or the bare message, as
+    analysis.workload_specs matches them); else a usage error naming the closest range names."""
+    import difflib
+
+    ranges = sorted({r for res in results for r in res.tables["range_summary"]["range"]})
+    for name in names:
+        if any(r == name or r.endswith(":" + name) for r in ranges):
+            continue
+        if not ranges:
+            raise UsageError(f"--range {name}: the input{'s have' if len(results) > 1 else ' has'} no NVTX ranges")
+        messages = sorted({r.split(":", 1)[1] for r in ranges} | set(ranges))
+        close = difflib.get_close_matches(name, messages, n=3, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else \
+            f"its ranges include {', '.join(ranges[:3])}{', ...' if len(ranges) > 3 else ''}"
+        raise UsageError(f"--range {name}: no such range in {'any input' if len(results) > 1 else 'the input'}; "
+                         f"{hint}")
+
+
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
@@ -271,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
     results = [analyze_source(s, args) for s in sources]
+    check_ranges(args.ranges, results)
     base = analyze_source(base_src, args) if base_src is not None else None
     compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK

@@ -289,3 +289,14 @@ def test_control_characters_are_escaped_on_the_terminal_and_visible_in_html(tmp_
     html = (out / "report.html").read_text()
     assert not any(ch in html for ch in "\x1b\x00\x07\x9b")
     assert "ev␛[31mil␊name␀␇\\x9b-fused" in html and "k␛]0;title␇ernel" in html
+
+
+def test_range_matching_nothing_is_a_usage_error_naming_the_closest(tmp_path, capsys):
+    line = one_line_exit_2(capsys, DATA / "verdicts", "--range", "logp-nativ", "--out", tmp_path / "rep")
+    assert "--range logp-nativ" in line and "logp-native" in line
+    assert not (tmp_path / "rep").exists()
+    # matched in one of several inputs is enough; each form of a name matches
+    for name in ("logp-native", "rlkernel:logp-native"):
+        assert main(DATA / "verdicts", DATA / "no_nvtx", "--range", name, "--out", tmp_path / name) == 0
+    line = one_line_exit_2(capsys, DATA / "no_nvtx", "--range", "x", "--out", tmp_path / "rep")
+    assert "no NVTX ranges" in line
