@@ -50,7 +50,19 @@ def environment() -> jinja2.Environment:
                              finalize=_visible)
     env.filters["ns"] = fmt_ns
     env.filters["num"] = fmt_num
+    env.filters["code_spans"] = code_spans
     return env
+
+
+def code_spans(text) -> markupsafe.Markup:
+    """Markdown-style `code` spans of a provenance note as <code>; everything escaped, control characters
+    shown. Unbalanced backticks are left as they are."""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:
+        return markupsafe.escape(textsafe.visible(str(text)))
+    return markupsafe.Markup("").join(
+        markupsafe.Markup("<code>{}</code>").format(textsafe.visible(p)) if i % 2 else
+        markupsafe.escape(textsafe.visible(p)) for i, p in enumerate(parts))
 
 
 def fmt_ns(v) -> str:
@@ -82,8 +94,17 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
     for c in d.columns:
         if d[c].dtype == object or pd.api.types.is_string_dtype(d[c]):
             d[c] = d[c].map(textsafe.to_spreadsheet)
+        elif _integral_floats(d[c]):
+            d[c] = d[c].astype("Int64")  # a count with NULLs comes out of DuckDB as float: 30, not 30.0
     d.to_csv(buf, index=False)
     return buf.getvalue().encode()
+
+
+def _integral_floats(col: pd.Series) -> bool:
+    if not pd.api.types.is_float_dtype(col):
+        return False
+    v = col.dropna()
+    return bool(len(v)) and bool(((v % 1 == 0) & (v.abs() < 2 ** 53)).all())
 
 
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
@@ -241,7 +262,9 @@ def bar_chart(df: pd.DataFrame | None, label: str, value: str, title: str | None
     (one short name, several template instances) get [2], [3]...; the full name is the bar's tooltip."""
     if df is None or df.empty:
         return []
-    d = df.sort_values(value, ascending=False)
+    d = df[df[value] > 0].sort_values(value, ascending=False)  # no zero-length bars
+    if d.empty:
+        return []
     head, rest = d.head(top), d.iloc[top:]
     bars, seen = [], {}
     for _, r in head.iterrows():
@@ -291,8 +314,9 @@ def env_block(result) -> list[tuple[str, str]]:
             rows.append((name, str(t["version"])))
     if meta.get("EXPORT_PRODUCT_VERSION"):
         rows.append(("exported by", f"{meta.get('EXPORT_PRODUCT_NAME', 'nsys')} {meta['EXPORT_PRODUCT_VERSION']}"))
+    shown = {label for label, _ in rows}
     for k, v in sorted((m.get("env") or {}).items()):
-        if ENV_ALLOWED.match(k):
+        if ENV_ALLOWED.match(k) and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
             rows.append((k, str(v)))
     return rows
 
@@ -305,7 +329,7 @@ def provenance(result) -> dict:
     out = {
         "recorded_at": p.get("recorded_at") or m.get("created_at") or result.meta.get("EXPORT_TIME_UTC") or "unknown",
         "where": p.get("where") or p.get("gpu") or (gpus[0]["name"] if gpus else ""),
-        "note": p.get("note", ""),
+        "note": str(p.get("note", "")).rstrip().rstrip("."),  # the template ends the sentence
         "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
     }
     # A run's command holds the user's absolute paths (interpreter, --output-dir): shown as the stripped

@@ -300,3 +300,55 @@ def test_range_matching_nothing_is_a_usage_error_naming_the_closest(tmp_path, ca
         assert main(DATA / "verdicts", DATA / "no_nvtx", "--range", name, "--out", tmp_path / name) == 0
     line = one_line_exit_2(capsys, DATA / "no_nvtx", "--range", "x", "--out", tmp_path / "rep")
     assert "no NVTX ranges" in line
+
+
+# ---- issue 19, item 26: report text ------------------------------------------------------------------------
+
+def html_of(tmp_path, inp, *extra) -> str:
+    out = tmp_path / "rep"
+    assert main(inp, "--out", out, *extra) == 0
+    return (out / "report.html").read_text()
+
+
+def test_header_renders_backticks_as_code_and_ends_sentences_once(tmp_path):
+    import re
+
+    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    header = re.search(r'<p class="where">(.*?)</p>', html, re.S).group(1)
+    assert "`" not in header and ".." not in header
+    assert "<code>python -m pipelines.capture --workload logp-native" in header
+
+
+def test_env_block_lists_each_variable_once(tmp_path):
+    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    assert html.count("<dt>CUDA_VISIBLE_DEVICES</dt>") == 1
+
+
+def test_svg_value_labels_fit_the_chart(tmp_path):
+    import re
+
+    html = html_of(tmp_path, DATA / "verdicts")
+    width = float(re.search(r'viewBox="0 0 (\d+) ', html).group(1))
+    labels = re.findall(r'<text x="([\d.]+)" y="12" class="val">([^<]*)</text>', html)
+    assert labels
+    for x, text in labels:  # 11px system-ui: at most 0.6 em a character
+        assert float(x) + 0.6 * 11 * len(text) <= width, (x, text)
+
+
+def test_csv_counts_are_integers(tmp_path):
+    import csv
+
+    out = tmp_path / "rep"
+    assert main(CAPTURE_RUN, "--out", out) == 0
+    rows = list(csv.DictReader(open(out / "bandwidth.csv", newline="")))
+    assert rows and all(r["ncu_launches"].isdigit() and r["instances"].isdigit() for r in rows), rows
+    for r in csv.DictReader(open(out / "dispatch.csv", newline="")):
+        assert r["instance"].isdigit() and r["fused_kernels"].isdigit() and r["other_kernels"].isdigit(), r
+
+
+def test_chart_messages_say_what_is_missing(tmp_path):
+    no_nvtx = html_of(tmp_path / "a", DATA / "no_nvtx")  # kernels ran, no ranges
+    assert "No GPU work in this trace" not in no_nvtx and "No NVTX ranges in this trace" in no_nvtx
+    no_cuda = html_of(tmp_path / "b", DATA / "no_cuda")  # ranges, no kernels: no zero-length bars
+    assert 'class="bar"' not in no_cuda and "No kernels in this trace" in no_cuda
+    assert "No GPU work inside the NVTX ranges" in no_cuda
