@@ -29,8 +29,15 @@ class UsageError(Exception):
     pass
 
 
+# --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
+# parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
+_OUT_HINT = ("did you mean --out? it names the report folder itself, replaced whole; capture's and the "
+             "profile suite's --output-dir name a parent folder")
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
+        hints={f: _OUT_HINT for f in ("--output-dir", "--outdir", "--out-dir", "--output", "--output-directory")},
         prog="python -m pipelines.analyze",
         description="Analyze nsys SQLite exports with DuckDB: kernel and NVTX-range summaries equal to nsys stats, "
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
@@ -43,9 +50,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a run directory of pipelines.capture (trace.sqlite + manifest.json) "
                         "or any .sqlite nsys export")
     p.add_argument("--out", metavar="DIR", type=pathlib.Path,
-                   help="output directory (default: the run's report/, or reports/<trace stem>/), replaced as a "
-                        "whole by the new set of outputs, so it may hold nothing else; with several INPUTs, one "
-                        "subdirectory per input")
+                   help="the report folder itself, not a parent folder: it holds the CSVs and report.html and "
+                        "nothing else, replaced as a whole by each run (default: the run's report/, or "
+                        "reports/<trace stem>/); with several INPUTs, one subfolder per input")
     p.add_argument("--fused-pattern", metavar="GLOB", action="append", default=[],
                    help="kernel-name glob proving the fused path, added to the registry's and the manifest's "
                         "(default when none: rlkernel_*); matched against the short and the demangled name")

@@ -352,3 +352,37 @@ def test_chart_messages_say_what_is_missing(tmp_path):
     no_cuda = html_of(tmp_path / "b", DATA / "no_cuda")  # ranges, no kernels: no zero-length bars
     assert 'class="bar"' not in no_cuda and "No kernels in this trace" in no_cuda
     assert "No GPU work inside the NVTX ranges" in no_cuda
+
+
+# ---- issue 19, item 27: near-miss flags, and what each folder holds ---------------------------------------
+
+def test_analyze_output_dir_is_answered_with_out(tmp_path, capsys):
+    for flag in ("--output-dir", "--output-dir=x", "--outdir"):
+        line = one_line_exit_2(capsys, DATA / "no_cuda", flag, *([] if "=" in flag else ["x"]))
+        assert "did you mean --out? it names the report folder itself" in line, line
+    line = one_line_exit_2(capsys, DATA / "no_cuda", "--thresold", "3")
+    assert "did you mean --threshold?" in line
+    assert "unrecognized arguments: --bogus (see --help)" in one_line_exit_2(capsys, DATA / "no_cuda", "--bogus")
+
+
+def test_capture_and_profile_suite_near_misses_name_output_dir():
+    from pipelines import capture
+    from rlkernel.cli import CliError
+    from rlkernel.profiling import cli as profile_cli
+
+    for build in (capture.build_parser, profile_cli.parser):
+        with pytest.raises(CliError) as e:
+            build().parse_args(["--outdir", "x"])
+        assert "did you mean --output-dir?" in str(e.value) and "parent folder" in str(e.value)
+
+
+def test_each_help_says_what_its_folder_holds():
+    from pipelines import capture
+    from rlkernel.profiling import cli as profile_cli
+
+    def helps(p):
+        return " ".join(p.format_help().split())
+
+    assert "the report folder itself" in helps(analyze.parser())
+    assert "parent folder" in helps(capture.build_parser()) and "manifest.json" in helps(capture.build_parser())
+    assert "parent folder" in helps(profile_cli.parser()) and "profile_" in helps(profile_cli.parser())
