@@ -17,7 +17,6 @@ import pytest
 from pipelines import analysis, analyze
 from tests.nsys_reference import DATA
 
-pytestmark = pytest.mark.smoke
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # nvtx_mix and no_cuda: traces of other programs (no rlkernel ranges), so the subprocess imports no torch
 CASE = DATA / "nvtx_mix"
