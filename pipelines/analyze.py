@@ -43,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
-               "bandwidth.csv (when the manifest gives bytes), compare.csv (with --compare), report.html. "
+               "bandwidth.csv (when the manifest gives bytes), compare.csv (with --compare), report.html; CSV text "
+               "cells that a spreadsheet would take for a formula (=, +, -, @) get a leading ' (docs/contracts.md, "
+               "section 9). "
                "Exit codes: 0 done, 1 a requested check failed (--require-fused, --compare), "
                "2 bad input, 3 this machine lacks the sqlite extension package.")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
