@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from rlkernel import env, workloads
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser, fail
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, OUTPUT_DIR_HINTS, CliError, OneLineParser, fail
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
@@ -58,7 +58,7 @@ def _float(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(prog=PROG, description=(
+    ap = OneLineParser(hints=OUTPUT_DIR_HINTS, prog=PROG, description=(
         "Time registry workloads over shapes and write a profile_<UTC timestamp>.csv/.json report. Each row has "
         "a status (pass, blocked, oom, fail) and the dispatch the ops recorded (native, fused, fallback, blocked). "
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
@@ -78,7 +78,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     ap.add_argument("--warmup", type=_nonneg, help="untimed repetitions per row (default 3)")
     ap.add_argument("--repeat", type=_positive, help="timed repetitions per row (default 10)")
-    ap.add_argument("--output-dir", type=Path, default=Path("reports"), help="report folder (default reports)")
+    ap.add_argument("--output-dir", type=Path, default=Path("reports"),
+                    help="parent folder: each run adds a new profile_<UTC timestamp>.csv/.json pair to it and "
+                         "never overwrites one (default reports)")
     ap.add_argument("--csv", action="store_true", help="write the CSV report (both when neither flag is given)")
     ap.add_argument("--json", action="store_true", help="write the JSON report (both when neither flag is given)")
     ap.add_argument("--smoke", action="store_true",

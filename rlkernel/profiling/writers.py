@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from rlkernel.profiling.rows import COLUMNS
+from rlkernel.textsafe import to_spreadsheet
 
 REPORT_VERSION = "1.0"
 
@@ -38,7 +39,7 @@ def csv_text(rows: list[dict]) -> str:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row[k] is None else row[k]) for k in COLUMNS})
+        writer.writerow({k: ("" if row[k] is None else to_spreadsheet(row[k])) for k in COLUMNS})
     return buf.getvalue()
 
 
