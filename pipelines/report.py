@@ -11,17 +11,16 @@ import datetime
 import io
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 
 import jinja2
 import pandas as pd
 
+from pipelines.runs import ENV_ALLOWED
+
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
-ENV_ALLOWED = re.compile(r"^(CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|TORCH_CUDA_ARCH_LIST|CUDA_LAUNCH_BLOCKING"
-                         r"|RLKERNEL_[A-Z0-9_]+)$")
 VERDICT_ORDER = ("fallback", "mixed", "no-gpu-work", "native", "fused")
 
 
@@ -207,7 +206,7 @@ def env_block(result) -> list[tuple[str, str]]:
     if meta.get("EXPORT_PRODUCT_VERSION"):
         rows.append(("exported by", f"{meta.get('EXPORT_PRODUCT_NAME', 'nsys')} {meta['EXPORT_PRODUCT_VERSION']}"))
     for k, v in sorted((m.get("env") or {}).items()):
-        if ENV_ALLOWED.match(k):
+        if k in ENV_ALLOWED:
             rows.append((k, str(v)))
     return rows
 

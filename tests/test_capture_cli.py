@@ -181,7 +181,8 @@ def test_no_cuda_exits_3(fakes, capsys):
 # ---- whole captures --------------------------------------------------------------------------------------
 
 def test_capture_all_tools(fakes, monkeypatch, capsys):
-    monkeypatch.setenv("RLKERNEL_CAPTURE_TEST_MARK", "kept")
+    monkeypatch.setenv("RLKERNEL_ANALYZE_MEMORY", "2GB")  # one of the project's variables: kept
+    monkeypatch.setenv("RLKERNEL_API_TOKEN", "must-not-leak")  # RLKERNEL_ but not the project's: dropped
     monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
     assert run_capture(fakes / "runs", "--tool", "all") == EXIT_OK
     out, err = capsys.readouterr()
@@ -206,7 +207,7 @@ def test_capture_all_tools(fakes, monkeypatch, capsys):
     assert disp == {("native", "native", ""): 4, ("auto", "fallback", "tensor on cpu"): 4}
     assert m["steps"][2]["dispatch"] == [{"op": "logp.forward", "requested": "native", "backend": "native",
                                           "status": "native", "reason": "", "count": 4}]
-    assert m["env"].get("RLKERNEL_CAPTURE_TEST_MARK") == "kept" and "SECRET_TOKEN" not in json.dumps(m)
+    assert m["env"].get("RLKERNEL_ANALYZE_MEMORY") == "2GB" and "must-not-leak" not in json.dumps(m)
     assert m["node"]["devices"][0]["backend"] == "cpu"
     assert "pipelines.capture_child: logp-fused: 1 warm-up + 3 repetitions" in (run / "child.stdout").read_text()
     rows = list(csvrows(run / "ncu.csv"))
