@@ -1,4 +1,4 @@
-"""The profile suite's report files (issue 19): never overwritten."""
+"""The profile suite's report files (issue 19): never overwritten, the umask's mode."""
 from __future__ import annotations
 
 import csv
@@ -80,3 +80,14 @@ def test_a_stem_with_either_file_taken_is_skipped(tmp_path, pinned_clock):
                                     generated_at="t")
     assert [p.name for p in paths] == ["profile_20261203T060000_123456Z-2.csv"]
     assert (tmp_path / "profile_20261203T060000_123456Z.json").read_text() == "other run"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_files_follow_the_umask(tmp_path, umask):
+    # issue 19 item 23: mkstemp's 0600 stayed on the reports whatever the umask (the analyzer's follow it)
+    old = os.umask(umask)
+    try:
+        paths = _write(tmp_path, 0)
+    finally:
+        os.umask(old)
+    assert [oct(p.stat().st_mode & 0o777) for p in paths] == [oct(0o666 & ~umask)] * 2

@@ -12,7 +12,7 @@ import datetime as dt
 import io
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from rlkernel.profiling.rows import COLUMNS
@@ -47,6 +47,24 @@ def _claim(output_dir: Path, stem: str, temps: dict[str, str]) -> list[Path] | N
     return linked
 
 
+def _create_temp(output_dir: Path, suffix: str) -> tuple[int, str]:
+    """A new hidden file in ``output_dir``, mode 0666 less the umask, like any file a program creates (mkstemp's
+    0600 would stay on the report after the link, unlike the analyzer's files)."""
+    while True:
+        tmp = str(output_dir / f".profile_{secrets.token_hex(8)}{suffix}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of a report goes through here."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def csv_text(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
@@ -75,12 +93,12 @@ def write_reports(output_dir: Path, rows: list[dict], *, csv_out: bool, json_out
     temps: dict[str, str] = {}
     try:
         for suffix, text in texts.items():
-            fd, tmp = tempfile.mkstemp(prefix=".profile_", suffix=suffix + ".tmp", dir=output_dir)
-            temps[suffix] = tmp
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            fd, temps[suffix] = _create_temp(output_dir, suffix)
+            try:
+                _write_all(fd, text.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         stem, n = _stem(dt.datetime.now(dt.timezone.utc)), 1
         while True:  # the run's own name, then the next free one: <stem>-2, <stem>-3, ...
             finals = _claim(output_dir, stem if n == 1 else f"{stem}-{n}", temps)
