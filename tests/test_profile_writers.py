@@ -1,4 +1,4 @@
-"""The profile suite's report files (issue 19): never overwritten, the umask's mode."""
+"""The profile suite's report files (issue 19): never overwritten, the umask's mode, a full disk."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkernel.profiling import writers
+from rlkernel.profiling import cli, writers
 from rlkernel.profiling.rows import COLUMNS
 
 pytestmark = pytest.mark.smoke
@@ -91,3 +91,26 @@ def test_files_follow_the_umask(tmp_path, umask):
     finally:
         os.umask(old)
     assert [oct(p.stat().st_mode & 0o777) for p in paths] == [oct(0o666 & ~umask)] * 2
+
+
+def test_full_disk_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    # issue 19 item 13: a traceback. The device is full where the bytes go: the write edge writes to /dev/full,
+    # which fails every write with the kernel's real ENOSPC.
+    real_write = writers._write_all
+
+    def onto_a_full_disk(fd, data):
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            os.dup2(full, fd)
+        finally:
+            os.close(full)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(writers, "_write_all", onto_a_full_disk)
+    out = tmp_path / "reports"
+    assert cli.main(["--device", "cpu", "--smoke", "--workloads", "logp-native", "--output-dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]
+    assert last == f"run_profile_suite.py: --output-dir {out}: could not write the report: No space left on device"
+    assert "Traceback" not in captured.err and "wrote" not in captured.out
+    assert list(out.iterdir()) == []  # nothing partial
