@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI compile gate (tox -e csrc; docs/contracts.md section 8). No GPU needed:
+# CI compile gate (tox -e csrc; docs/contracts.md section 8). No GPU needed.
+#   usage: bash tools/compile_gate.sh            (no arguments; NVCC, CXX, PYTHON choose the tools)
 #   1. every csrc/*.cu (kernels + launchers, no torch include) with nvcc for sm_80 and sm_90a, and the sampler's
 #      timeline driver (tools/sampler_timeline/) against its probed copy of csrc/;
 #   2. csrc/bindings.cpp and every other csrc/*.cpp but cuda_stream.cpp (registration only) with the headers of the
@@ -7,6 +8,8 @@
 #   3. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers).
 # Exit codes: 0 all compiled, 1 a file failed to compile, 3 a tool is missing (nvcc, g++, torch).
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+[ $# -eq 0 ] || { echo "compile_gate.sh: takes no arguments, got: $* (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 
 NVCC=${NVCC:-nvcc}

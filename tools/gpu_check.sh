@@ -11,6 +11,7 @@
 # Logs go to $OUT (or ./reports/gpu_check when OUT is unset): one log per step, bundled into logs.tgz, and
 # summary.txt, a one-screen table of every step and the trace verdict of every fused workload.
 set -u
+case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/reports/gpu_check}
