@@ -17,19 +17,15 @@ import tempfile
 import jinja2
 import pandas as pd
 
+from pipelines import datafiles
 from pipelines.runs import ENV_ALLOWED
 
-TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
 VERDICT_ORDER = ("fallback", "mixed", "no-gpu-work", "native", "fused")
 
 
 def _template_dir() -> pathlib.Path:
-    if TEMPLATE_DIR.is_dir():
-        return TEMPLATE_DIR
-    import importlib.resources
-
-    return pathlib.Path(str(importlib.resources.files("reports_templates")))
+    return datafiles.folder("reports_templates")
 
 
 def environment() -> jinja2.Environment:

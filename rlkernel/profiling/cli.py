@@ -1,4 +1,5 @@
-"""Flags of ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as written)."""
+"""Flags of the profile suite: ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as
+written), ``python -m rlkernel.profiling`` and the ``rlkernel-profile`` console script, one CLI."""
 from __future__ import annotations
 
 import argparse
@@ -194,3 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(full[1:], shlex.join(full))
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
