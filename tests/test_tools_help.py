@@ -46,3 +46,20 @@ def test_help_prints_help_and_does_nothing_else(tmp_path, script):
     assert out.stderr == "" and script.name in out.stdout and len(out.stdout.splitlines()) >= 2, out
     assert _tree(tree) == before and list(tmp.iterdir()) == [] and list(home.iterdir()) == []
     assert list(marks.iterdir()) == []
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("stages", [["bogus"], ["node", "bogus"]], ids=" ".join)
+def test_gpu_check_unknown_stage_before_anything(tmp_path, stages):
+    # it made its folders (and ran the stages before the unknown one) and then said "unknown stage"
+    tree, tmp = tmp_path / "tree", tmp_path / "tmp"
+    shutil.copytree(ROOT / "tools", tree / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    tmp.mkdir()
+    before = _tree(tree)
+    env = {"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp), "HOME": str(tmp_path)}
+    out = subprocess.run(["bash", str(tree / "tools" / "gpu_check.sh"), *stages], capture_output=True, text=True,
+                         cwd=tree, env=env, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines() == ["gpu_check: unknown stage bogus (known: node build tests profile grpo "
+                                               "capture bench example; see --help)"]
+    assert _tree(tree) == before and list(tmp.iterdir()) == []
