@@ -54,10 +54,11 @@ def installed(tmp_path_factory):
     venv.EnvBuilder(with_pip=False).create(env_dir)
     py = env_dir / "bin" / "python"
     purelib = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
-    outer = dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
-    (purelib / "zz_outer_env.pth").write_text("".join(f"{p}\n" for p in outer))  # after the venv's own packages
     inst = _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)])
     assert inst.returncode == 0, inst.stdout + inst.stderr
+    # only now: pip must not find the running environment's own rlkernel (tox installs one) already satisfying it
+    outer = dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (purelib / "zz_outer_env.pth").write_text("".join(f"{p}\n" for p in outer))  # after the venv's own packages
     outside = tmp / "elsewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
