@@ -110,6 +110,18 @@ def validate(args) -> None:
     logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
     if not math.isfinite(args.temperature) or args.temperature < 0 or (logp_ops and args.temperature == 0):
         raise CliError(f"--temperature must be a finite number > 0 (>= 0 for sampling only), got {args.temperature}")
+    check_output_dir(args.output_dir)
+
+
+def check_output_dir(path) -> None:
+    """The nearest existing part of --output-dir must be a folder (it is created later, only once the tools are
+    found): a file there would otherwise end the run with a traceback."""
+    for part in (pathlib.Path(path), *pathlib.Path(path).parents):
+        if part.exists():
+            if not part.is_dir():
+                where = "" if part == pathlib.Path(path) else f"{part} "
+                raise CliError(f"--output-dir {path}: {where}is not a directory")
+            return
 
 
 # ---- command lines ---------------------------------------------------------------------------------------
@@ -369,7 +381,10 @@ def capture(args, argv, found, environ) -> int:
 
     from rlkernel import env, workloads
 
-    run = runs.RunDir(args.output_dir, args.workload)
+    try:
+        run = runs.RunDir(args.output_dir, args.workload)
+    except OSError as e:  # e.g. a folder without write permission
+        return fail(PROG, f"--output-dir {args.output_dir}: {e.strerror or e}", EXIT_USAGE)
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
     run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=runs.allowed_env(environ),
                         tools={n: t.record() for n, t in found.items()},

@@ -12,7 +12,6 @@ import datetime
 import io
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 
@@ -20,22 +19,16 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from pipelines import swap
+from pipelines import datafiles, swap
+from pipelines.runs import ENV_ALLOWED
 from rlkernel import textsafe
 
-TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
-ENV_ALLOWED = re.compile(r"^(CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|TORCH_CUDA_ARCH_LIST|CUDA_LAUNCH_BLOCKING"
-                         r"|RLKERNEL_[A-Z0-9_]+)$")
 VERDICT_ORDER = ("fallback", "mixed", "no-gpu-work", "native", "fused")
 
 
 def _template_dir() -> pathlib.Path:
-    if TEMPLATE_DIR.is_dir():
-        return TEMPLATE_DIR
-    import importlib.resources
-
-    return pathlib.Path(str(importlib.resources.files("reports_templates")))
+    return datafiles.folder("reports_templates")
 
 
 def _visible(v):
@@ -316,7 +309,7 @@ def env_block(result) -> list[tuple[str, str]]:
         rows.append(("exported by", f"{meta.get('EXPORT_PRODUCT_NAME', 'nsys')} {meta['EXPORT_PRODUCT_VERSION']}"))
     shown = {label for label, _ in rows}
     for k, v in sorted((m.get("env") or {}).items()):
-        if ENV_ALLOWED.match(k) and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
+        if k in ENV_ALLOWED and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
             rows.append((k, str(v)))
     return rows
 

@@ -138,6 +138,28 @@ def test_bad_arguments_exit_2_with_one_line(argv, words, capsys):
 
 
 @pytest.mark.smoke
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_output_dir_that_is_a_file_exits_2_with_one_line(fakes, capsys, where):
+    # issue 19 item 14: FileExistsError traceback and exit 1
+    (fakes / "file").write_text("keep")
+    assert run_capture(fakes / where) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pipelines.capture: --output-dir") and "not a directory" in err[0]
+    assert (fakes / "file").read_text() == "keep"
+    proc = subprocess.run([sys.executable, "-m", "pipelines.capture", "--workload", "logp-native", *SMALL,
+                           "--output-dir", str(fakes / where)], capture_output=True, text=True)
+    assert proc.returncode == EXIT_USAGE and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.smoke
+def test_output_dir_that_cannot_be_created_exits_2_with_one_line(fakes, capsys):
+    # /proc refuses new folders, even to root (where a read-only folder would not)
+    assert run_capture("/proc/rlkernel-no-such/runs") == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()  # after the line naming the nsys found
+    assert err[1:] == ["pipelines.capture: --output-dir /proc/rlkernel-no-such/runs: No such file or directory"]
+
+
+@pytest.mark.smoke
 def test_cli_process_exit_codes_and_help():
     bad = subprocess.run([sys.executable, "-m", "pipelines.capture", "--workload", "nope"], capture_output=True,
                          text=True)
@@ -182,7 +204,8 @@ def test_no_cuda_exits_3(fakes, capsys):
 # ---- whole captures --------------------------------------------------------------------------------------
 
 def test_capture_all_tools(fakes, monkeypatch, capsys):
-    monkeypatch.setenv("RLKERNEL_CAPTURE_TEST_MARK", "kept")
+    monkeypatch.setenv("RLKERNEL_ANALYZE_MEMORY", "2GB")  # one of the project's variables: kept
+    monkeypatch.setenv("RLKERNEL_API_TOKEN", "must-not-leak")  # RLKERNEL_ but not the project's: dropped
     monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
     assert run_capture(fakes / "runs", "--tool", "all") == EXIT_OK
     out, err = capsys.readouterr()
@@ -211,7 +234,7 @@ def test_capture_all_tools(fakes, monkeypatch, capsys):
     assert disp == {("native", "native", ""): 4, auto: 4}
     assert m["steps"][2]["dispatch"] == [{"op": "logp.forward", "requested": "native", "backend": "native",
                                           "status": "native", "reason": "", "count": 4}]
-    assert m["env"].get("RLKERNEL_CAPTURE_TEST_MARK") == "kept" and "SECRET_TOKEN" not in json.dumps(m)
+    assert m["env"].get("RLKERNEL_ANALYZE_MEMORY") == "2GB" and "must-not-leak" not in json.dumps(m)
     assert m["node"]["devices"][0]["backend"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert "pipelines.capture_child: logp-fused: 1 warm-up + 3 repetitions" in (run / "child.stdout").read_text()
     rows = list(csvrows(run / "ncu.csv"))

@@ -9,6 +9,7 @@
 # only when named, with MANY_N launches (default 1000000); MANY_STATS=0 skips its pinned `nsys stats`.
 # Output: OUTDIR/<case>/{trace.sqlite, stats_<report>.csv, stats.log, recorded.json}.
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 OUTDIR=${1:?usage: tools/make_fixtures.sh OUTDIR [CASE ...]}
 shift
 CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda}

@@ -1,4 +1,5 @@
-"""Flags of ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as written)."""
+"""Flags of the profile suite: ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as
+written), ``python -m rlkernel.profiling`` and the ``rlkernel-profile`` console script, one CLI."""
 from __future__ import annotations
 
 import argparse
@@ -169,8 +170,11 @@ def run(argv: list[str], command: str) -> int:
     rows = run_suite(cfg, context, device["memory_bandwidth_bytes_per_s"],
                      on_row=lambda i, n, row: print(progress_line(i, n, row), file=sys.stderr, flush=True))
     want_csv, want_json = (args.csv, args.json) if (args.csv or args.json) else (True, True)
-    paths = write_reports(args.output_dir, rows, csv_out=want_csv, json_out=want_json, command=command, node=node,
-                          generated_at=generated_at)
+    try:  # e.g. a full disk: write_reports leaves nothing partial, so one line says it all
+        paths = write_reports(args.output_dir, rows, csv_out=want_csv, json_out=want_json, command=command,
+                              node=node, generated_at=generated_at)
+    except OSError as exc:
+        raise CliError(f"--output-dir {args.output_dir}: could not write the report: {exc.strerror or exc}") from None
     if not args.no_summary:
         print(table(rows))
     for p in paths:
@@ -193,3 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(full[1:], shlex.join(full))
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

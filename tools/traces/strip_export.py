@@ -122,6 +122,8 @@ def strip_manifest(src: str, dst: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     if len(sys.argv) < 3:
         raise SystemExit("usage: strip_export.py SRC.sqlite DST.sqlite [PATH_TO_SCRUB ...] | "
                          "strip_export.py SRC/manifest.json DST/manifest.json")
