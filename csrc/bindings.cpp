@@ -19,6 +19,8 @@ void check_rows(const Tensor& logits, const Tensor& ids) {
   TORCH_CHECK(logits.is_cuda(), "rlkernel: logits must be a CUDA tensor");
   TORCH_CHECK(logits.dim() == 2 && (logits.size(1) <= 1 || logits.stride(1) == 1), "rlkernel: logits must be [N, V] with a contiguous last dim");
   TORCH_CHECK(logits.size(1) < (int64_t{1} << 31), "rlkernel: vocab size must be < 2^31");
+  // the device error record keeps a row's position in 32 bits (error_record.h)
+  TORCH_CHECK(logits.size(0) < (int64_t{1} << 31), "rlkernel: rows must be < 2^31");
   TORCH_CHECK(ids.device() == logits.device(), "rlkernel: token_ids must be on the logits' device");
   TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == logits.size(0),
               "rlkernel: token_ids must be contiguous int64 [N]");
@@ -116,6 +118,7 @@ namespace rlkernel {
 ErrorSink error_sink(int64_t record, int64_t seq, int64_t op) {
   TORCH_CHECK(record >= 0, "rlkernel: bad error record address");
   TORCH_CHECK(seq >= 0 && seq < (int64_t{1} << 31), "rlkernel: error sequence number out of range");
+  TORCH_CHECK(op == kErrOpLogpBadId || op == kErrOpSampleNoDist, "rlkernel: unknown error kind ", op);
   ErrorSink sink;
   sink.record = reinterpret_cast<int64_t*>(static_cast<uintptr_t>(record));
   sink.seq = seq;

@@ -47,37 +47,57 @@ _lock = threading.Lock()
 _history: Counter = Counter()
 _recorders: list[Counter] = []
 _warned: set[tuple[str, str]] = set()
-# Calls made from torch.compile'd code: the decision is taken when dynamo traces, and each call's record is appended
-# here by the compiled frame itself (dynamo replays a list append of constants; a lock or a
-# Counter would break the graph). history() and recording() fold them in.
-_compiled: list[Dispatch] = []
+# Calls made from torch.compile'd code: the decision is taken when dynamo traces, and each call adds one to its
+# record's slot of this CPU tensor, inside the compiled graph (a tensor's values are not guarded, so the count never
+# recompiles; a lock, a Counter or a list would break the graph or recompile). history() and recording() fold them in.
+_compiled_kinds: list[Dispatch] = []  # slot -> record, made while tracing
+_compiled_counts = torch.zeros(256, dtype=torch.int64)
 # (op, backend, require_fused, strict, device type, dtype) -> (record, error message or None): a decision depends on
 # nothing else (the extension loads once), so each call after the first is a dict lookup.
 _decisions: dict[tuple, tuple[Dispatch, str | None]] = {}
 
 
 def _fold_compiled() -> None:
-    """Move the compiled calls' records into the history and the open recordings (called with _lock held)."""
-    while _compiled:
-        rec = _compiled.pop()
-        _history[rec] += 1
-        for counter in _recorders:
-            counter[rec] += 1
+    """Move the compiled calls' counts into the history and the open recordings (called with _lock held)."""
+    if not _compiled_kinds:
+        return
+    counts = _compiled_counts[:len(_compiled_kinds)].tolist()
+    for slot, n in enumerate(counts):
+        if n:
+            rec = _compiled_kinds[slot]
+            _history[rec] += n
+            for counter in _recorders:
+                counter[rec] += n
+    _compiled_counts.zero_()
+
+
+@torch.compiler.assume_constant_result
+def _compiled_slot(op: str, requested: str, backend: str, status: str, reason: str) -> int:
+    """The counter slot of a record, assigned when torch.compile traces a call that makes it."""
+    rec = Dispatch(op, requested, backend, status, reason)
+    with _lock:
+        if rec not in _compiled_kinds:
+            if len(_compiled_kinds) == _compiled_counts.numel():
+                raise RuntimeError("rlkernel.dispatch: too many distinct compiled dispatch records")
+            _compiled_kinds.append(rec)
+        return _compiled_kinds.index(rec)
+
+
+def _count_compiled(rec: Dispatch) -> None:
+    _compiled_counts[_compiled_slot(*rec)] += 1
 
 
 def record(op: str, requested: str, backend: str, status: str, reason: str = "") -> Dispatch:
     """Store one call's record in the process history and in every open ``recording()`` block."""
     rec = Dispatch(op, requested, backend, status, reason)
     if torch.compiler.is_compiling():
-        _compiled.append(rec)
+        _count_compiled(rec)
         return rec
     return _count(rec)
 
 
 def _count(rec: Dispatch) -> Dispatch:
     with _lock:
-        if _compiled:
-            _fold_compiled()
         _history[rec] += 1
         for counter in _recorders:
             counter[rec] += 1
@@ -103,7 +123,7 @@ def history_json() -> list[dict]:
 
 def reset() -> None:
     with _lock:
-        _compiled.clear()
+        _compiled_counts.zero_()
         _history.clear()
         _warned.clear()
 
@@ -207,19 +227,12 @@ def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dt
         if error is not None:
             raise FusedKernelUnavailable(error)
         rec = Dispatch(op, backend, ran, status, reason)
-        _compiled.append(rec)
+        _count_compiled(rec)
         return rec
-    # RLKERNEL_REQUIRE_FUSED matters only where the fused path cannot run: the common fused and native calls skip
-    # reading the environment (a per-call cost a loop pays).
-    key = (op, backend, bool(require_fused), False, device.type, dtype)
+    key = (op, backend, bool(require_fused), strict_from_env(), device.type, dtype)
     decision = _decisions.get(key)
     if decision is None:
         decision = _decisions[key] = _decide(*key)
-    if decision[0].status == "fallback" and strict_from_env():
-        key = key[:3] + (True,) + key[4:]
-        decision = _decisions.get(key)
-        if decision is None:
-            decision = _decisions[key] = _decide(*key)
     rec, error = decision
     _count(rec)
     if error is not None:

@@ -20,6 +20,7 @@ import threading
 import torch
 
 from rlkernel import envflags
+from rlkernel.validate import position_in
 
 EMPTY = (1 << 63) - 1
 ERR_LOGP_BAD_ID = 1  # kErrOpLogpBadId (csrc/include/rlkernel/error_record.h)
@@ -41,14 +42,20 @@ def _mode_for_trace() -> str:  # read once when torch.compile traces: a compiled
 
 
 def _fresh_record(device: torch.device) -> torch.Tensor:
-    rec = torch.zeros(4, dtype=torch.int64, device=device)
-    rec[:1].fill_(EMPTY)  # fill_ with a Python number: a kernel argument, no host-to-device copy
+    # Outside any inference_mode (an inference tensor could not be written outside it later); fills with Python
+    # numbers (kernel arguments: no host-to-device copy); the key is EMPTY before the other fields are zeroed.
+    with torch.inference_mode(False), torch.no_grad():
+        rec = torch.full((4,), EMPTY, dtype=torch.int64, device=device)
+        rec[1:].zero_()
     return rec
 
 
-def _reset(rec: torch.Tensor) -> None:
-    rec.zero_()
-    rec[:1].fill_(EMPTY)
+def _clear(rec: torch.Tensor, key: int) -> None:
+    """Empty the record if it still holds ``key`` (an error another stream wrote since is kept). The lock word is
+    never touched: a kernel on another stream may hold it."""
+    with torch.inference_mode(False), torch.no_grad():
+        head = rec[:1]
+        head.copy_(torch.where(head == key, torch.full_like(head, EMPTY), head))
 
 
 def record(device: torch.device) -> torch.Tensor:
@@ -63,6 +70,14 @@ def record(device: torch.device) -> torch.Tensor:
                 _records[index] = rec
                 _addresses[index] = rec.data_ptr()
     return rec
+
+
+@torch.compiler.assume_constant_result
+def _address_for_trace(index: int | None) -> int:
+    """The device's record address, made if need be, when torch.compile traces: a constant of the graph."""
+    device = torch.device("cuda", index if index is not None else torch.cuda.current_device())
+    record(device)
+    return _addresses[device.index]
 
 
 def _make_record(device: torch.device) -> torch.Tensor:
@@ -80,8 +95,7 @@ def begin(op: str, device: torch.device, shape, vocab: int) -> tuple[int, int, b
     if torch.compiler.is_compiling():
         if _mode_for_trace() == "0":
             return 0, 0, False
-        # the record must exist before tracing (any eager call or check_errors makes it): a plain int here
-        return _addresses.get(device.index if device.index is not None else 0, 0), COMPILED_SEQ, False
+        return _address_for_trace(device.index), COMPILED_SEQ, False
     raw = os.environ.get("RLKERNEL_VALIDATE")
     mode = "1" if raw is None or raw == "1" else envflags.validate_mode()
     if mode == "0":
@@ -124,15 +138,9 @@ def note(rec: torch.Tensor, op_code: int, seq: int, bad: torch.Tensor, values: t
     value = values.reshape(-1).index_select(0, first.view(1)).view(()).to(torch.int64) if values is not None \
         else torch.full_like(key, -1)
     new = torch.stack([key, torch.full_like(key, op_code), value])
-    rec[:3] = torch.where(key < rec[0], new, rec[:3])
-
-
-def _position(flat: int, shape) -> tuple[int, ...]:
-    pos = []
-    for size in reversed(tuple(shape)):
-        pos.append(flat % size if size else 0)
-        flat //= max(size, 1)
-    return tuple(reversed(pos))
+    # a read-modify-write ordered on the current stream (not atomic against another stream's writer)
+    with torch.inference_mode(False), torch.no_grad():
+        rec[:3] = torch.where(key < rec[0], new, rec[:3])
 
 
 def describe(key: int, op_code: int, value: int) -> Exception:
@@ -141,7 +149,7 @@ def describe(key: int, op_code: int, value: int) -> Exception:
     call = _ring[seq % RING] if seq != COMPILED_SEQ else None
     if call is not None and call[0] == seq:
         _, op, shape, vocab = call
-        where, which = _position(flat, shape), f"call #{seq}"
+        where, which = position_in(flat, shape), f"call #{seq}"
     else:
         op = "sample" if op_code == ERR_SAMPLE_NO_DIST else "logp.forward"
         shape, vocab = None, None
@@ -172,5 +180,5 @@ def check_errors(device=None) -> None:
     key, op_code, value, _ = rec.tolist()
     if key == EMPTY:
         return
-    _reset(rec)
+    _clear(rec, key)
     raise describe(key, op_code, value)

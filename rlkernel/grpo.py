@@ -194,7 +194,9 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
             ids.append(tok)
             lps.append(lp)
             if P + t < buf.shape[1]:
-                buf[:, P + t] = tok
+                # a row without a distribution draws -1 (in the device error record, raised at the step's check):
+                # the buffer feeds an embedding, which must not index -1 (a device assert would end the process)
+                buf[:, P + t] = tok.clamp(min=0)
     completions = torch.stack(ids, 1)
     mask = completion_mask(completions)
     rewards = synthetic_reward(prompts, completions, mask)
@@ -271,6 +273,9 @@ class Trainer:
             ratio, adv, clipped, d = t.ratio, t.adv, t.clipped, t.d
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # through rlkernel.logp's backward (the fused kernel when logp.forward ran fused)
+            # bad input of the rollout or the forward raises here, before NaN gradients reach the weights (the
+            # step's one sync: the optimizer and the report below read what this waited for)
+            rlkernel.check_errors(self.device)
             self.optimizer.step()
         with torch.no_grad():
             gap = (lp.detach() - ro.sampler_logp).abs()[mask].max()
@@ -293,7 +298,6 @@ class Trainer:
                           _status(records, "logp.forward"), _status(records, "logp.backward"),
                           _status(ro.sample_records, "sample"), float(gap), float(grad_weight), float(max_abs_lp),
                           records, delta, scale)
-        rlkernel.check_errors(self.device)  # the step has synchronised already: the device error record costs nothing
         return result
 
     def step(self) -> StepResult:

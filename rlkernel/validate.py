@@ -16,7 +16,8 @@ _LOG2E = 1.4426950408889634  # the fused kernels scale by log2(e) / T: it must s
 _F32_MAX = torch.finfo(torch.float32).max
 
 
-def _position(flat: int, shape) -> tuple[int, ...]:
+def position_in(flat: int, shape) -> tuple[int, ...]:
+    """The index tuple of flat position ``flat`` in a tensor of ``shape`` (row-major)."""
     pos = []
     for size in reversed(tuple(shape)):
         pos.append(flat % size if size else 0)
@@ -28,7 +29,7 @@ def bad_id_error(flat_pos: int, ids_shape, value: int | None = None, vocab_size:
                  op: str = "logp.forward") -> IndexError:
     """The IndexError for a token id outside [0, V) that is not ignore_index, naming the op and the first bad
     position."""
-    pos = _position(int(flat_pos), ids_shape)
+    pos = position_in(int(flat_pos), ids_shape)
     what = f" (id {value}, vocab size {vocab_size})" if value is not None else ""
     return IndexError(f"{op}: token id out of range at position {pos}{what}")
 

@@ -27,7 +27,7 @@ class Analyze:
     """``python -m pipelines.analyze ARGS`` in a process of its own, its stderr read line by line."""
 
     def __init__(self, *args, pause: str | None = None, gate: pathlib.Path | None = None):
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
         env.pop("RLKERNEL_ANALYZE_TEST_PAUSE", None)
         if pause:
             env["RLKERNEL_ANALYZE_TEST_PAUSE"] = f"{pause}:{gate}"

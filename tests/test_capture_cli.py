@@ -195,7 +195,8 @@ def test_no_nsys_exits_3_and_says_how_to_get_it(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.smoke
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-def test_no_cuda_exits_3(fakes, capsys):
+def test_no_cuda_exits_3(fakes, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CPU machine, also when run on a GPU node
     rc = capture.main(["--workload", "logp-fused", "--output-dir", str(fakes / "runs")])
     err = capsys.readouterr().err
     assert rc == EXIT_BLOCKED and "no CUDA device" in err and not (fakes / "runs").exists()

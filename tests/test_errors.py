@@ -86,6 +86,18 @@ def test_record_keeps_the_first_position_of_the_earliest_call():
     assert rec.tolist()[:3] == [(5 << 32) | 1, errors.ERR_SAMPLE_NO_DIST, -1]  # nothing bad: unchanged
 
 
+def test_a_record_made_in_inference_mode_is_written_and_cleared_outside_it():
+    with torch.inference_mode():
+        rec = errors._fresh_record(torch.device("cpu"))
+        errors.note(rec, errors.ERR_LOGP_BAD_ID, 3, torch.tensor([False, True]), torch.tensor([0, 9]))
+    errors.note(rec, errors.ERR_LOGP_BAD_ID, 2, torch.tensor([True]), torch.tensor([8]))
+    assert rec.tolist() == [2 << 32, errors.ERR_LOGP_BAD_ID, 8, 0]
+    errors._clear(rec, (5 << 32))  # not the key it holds: kept
+    assert rec[0].item() == 2 << 32
+    errors._clear(rec, 2 << 32)
+    assert rec[0].item() == errors.EMPTY and rec[3].item() == 0  # the lock word untouched
+
+
 def test_errors_are_named_from_the_ring(monkeypatch):
     monkeypatch.setattr(errors, "_ring", [None] * errors.RING)
     errors._ring[12 % errors.RING] = (12, "logp.forward", (2, 3), 50)
@@ -189,13 +201,14 @@ def test_compiled_logp_has_no_graph_break_and_equals_eager():
     assert explain.graph_break_count == 0, explain.break_reasons
     compiled = torch.compile(_logp_step, backend="aot_eager", fullgraph=True)
     dispatch.reset()
-    lp_c, ent_c = compiled(x, ids)
-    lp_c, ent_c = compiled(x, ids)  # the second call runs the cached graph: it records too
+    with torch._dynamo.config.patch(error_on_recompile=True):  # counting the records must not recompile
+        for _ in range(12):
+            lp_c, ent_c = compiled(x, ids)  # the cached graph records each call
     (lp_c.sum() + ent_c.sum()).backward()
     grad_c, x.grad = x.grad.clone(), None
     recs = {(r.op, r.status): n for r, n in dispatch.history()}
     # one record per call, the trace's decision; the backward's counted with its forward call
-    assert recs == {("logp.forward", "fallback"): 2, ("logp.backward", "fallback"): 2}
+    assert recs == {("logp.forward", "fallback"): 12, ("logp.backward", "fallback"): 12}
     lp, ent = _logp_step(x, ids)
     (lp.sum() + ent.sum()).backward()
     assert torch.equal(lp_c, lp) and torch.equal(ent_c, ent) and torch.equal(grad_c, x.grad)

@@ -57,7 +57,11 @@ def installed(tmp_path_factory):
     inst = _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", str(wheel)])
     assert inst.returncode == 0, inst.stdout + inst.stderr
     # only now: pip must not find the running environment's own rlkernel (tox installs one) already satisfying it
-    outer = dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    # (and the PYTHONPATH entries that are not this repository: a GPU node kit puts duckdb and nvtx there)
+    kit = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+           if p and Path(p).resolve() != Path(__file__).resolve().parents[1]]
+    outer = dict.fromkeys([*site.getsitepackages(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib"),
+                           *kit])
     (purelib / "zz_outer_env.pth").write_text("".join(f"{p}\n" for p in outer))  # after the venv's own packages
     outside = tmp / "elsewhere"
     outside.mkdir()

@@ -39,7 +39,9 @@ def test_help_prints_help_and_does_nothing_else(tmp_path, script):
     python = str(Path(sys.executable).parent)
     env = {"PATH": os.pathsep.join([str(fakes), python, "/usr/bin", "/bin"]), "TMPDIR": str(tmp), "HOME": str(home),
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT)}  # the project's package, as an install provides it (the copy holds tools/ only)
+           # the project's package, as an install provides it (the copy holds tools/ only), and what else is on the
+           # path (a GPU node kit's packages)
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     cmd = ["bash"] if script.suffix == ".sh" else [sys.executable]
     out = subprocess.run([*cmd, str(tree / script), "--help"], capture_output=True, text=True, cwd=tree, env=env,
                          timeout=60)

@@ -239,8 +239,12 @@ def test_grpo_loss_step_graph_equals_eager_bitwise():
     rlkernel.check_errors()
 
 
-def test_compiled_fused_logp_and_sample_have_no_graph_break_and_equal_eager():
+def test_compiled_fused_logp_and_sample_have_no_graph_break_and_equal_eager(monkeypatch):
+    from rlkernel import errors
+
     torch._dynamo.reset()
+    monkeypatch.setattr(errors, "_records", {})  # no record yet: the trace makes it
+    monkeypatch.setattr(errors, "_addresses", {})
     x0, ids = inputs(n=64)
 
     def logp_step(x, ids):
@@ -255,11 +259,21 @@ def test_compiled_fused_logp_and_sample_have_no_graph_break_and_equal_eager():
     assert explain.graph_break_count == 0, explain.break_reasons
     explain = torch._dynamo.explain(draw)(x0)
     assert explain.graph_break_count == 0, explain.break_reasons
+    compiled = torch.compile(logp_step, fullgraph=True)
+    bad = ids.clone()
+    bad[5] = V
     with rlkernel.dispatch.recording() as rec:
-        lp_c, ent_c = torch.compile(logp_step, fullgraph=True)(x, ids)
-        (lp_c.sum() + ent_c.sum()).backward()
+        with torch._dynamo.config.patch(error_on_recompile=True):  # counting the records must not recompile
+            for _ in range(10):
+                x.grad = None
+                lp_c, ent_c = compiled(x, ids)
+                (lp_c.sum() + ent_c.sum()).backward()
+        compiled(x.detach(), bad)  # no grad needed: a second graph, whose bad ids are reported too
+    with pytest.raises(IndexError, match=rf"position 5 \(id {V}\) \[a torch.compile'd call"):
+        rlkernel.check_errors()
     grad_c, x.grad = x.grad.clone(), None
-    assert {(r.op, r.status) for r, _ in rec.records} == {("logp.forward", "fused"), ("logp.backward", "fused")}
+    assert {(r.op, r.status): n for r, n in rec.records} == {("logp.forward", "fused"): 11,
+                                                             ("logp.backward", "fused"): 10}
     lp, ent = logp_step(x, ids)
     (lp.sum() + ent.sum()).backward()
     assert torch.equal(lp_c, lp) and torch.equal(ent_c, ent) and torch.equal(grad_c, x.grad)
