@@ -7,7 +7,7 @@ import sqlite3
 import pandas as pd
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
-CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda")
+CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda", "verl_ranges", "sync_loop")
 
 
 def stats(case: str, report: str) -> pd.DataFrame:

@@ -165,3 +165,23 @@ def test_no_fixture_carries_the_traced_environment():
             assert n == 0, db
         con.close()
 
+
+
+def test_verl_style_start_end_ranges_are_in_the_compared_data(results):
+    """verl_ranges: start/end ranges in a named domain that overlap without nesting, and one ended on another
+    thread; sync_loop: push/pop ranges with syncs and copies inside. Both are compared above."""
+    rs = results("verl_ranges").tables["range_summary"].set_index("range")
+    assert {"verl:step", "verl:gen", "verl:old_log_prob", "verl:ref", "verl:update_actor"} <= set(rs.index)
+    assert set(rs.loc[["verl:old_log_prob", "verl:ref"], "style"]) == {"StartEnd"}
+    assert cross_thread_ranges("verl_ranges") == {"verl:async_rollout"}
+    import sqlite3
+
+    con = sqlite3.connect(f"file:{DATA / 'verl_ranges' / 'trace.sqlite'}?mode=ro", uri=True)
+    overlap = con.execute("""
+        SELECT count(*) FROM NVTX_EVENTS a, NVTX_EVENTS b
+        WHERE a.eventType = 60 AND b.eventType = 60 AND a.start < b.start AND b.start < a."end"
+          AND a."end" < b."end" """).fetchone()[0]
+    con.close()
+    assert overlap >= 3  # old_log_prob/ref in each of the three steps
+    sl = results("sync_loop").tables["range_summary"].set_index("range")
+    assert sl.loc["rl:train_step", "instances"] == 4
