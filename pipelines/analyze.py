@@ -249,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(e)) from None
         print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
-            print(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_proj_gpu_ns)} GPU each)")
+            print(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
+                  "each)")
         for f in fails:
             print(f"{PROG}: not fused: {f}", file=sys.stderr)
             rc = EXIT_CHECK_FAILED

@@ -229,7 +229,7 @@ def provenance(result) -> dict:
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str]) -> bytes:
     wl = result.workloads
     badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
-               "mean": r["mean_proj_gpu_ns"]} for _, r in wl.iterrows()] if wl is not None else []
+               "mean": r["mean_gpu_busy_ns"]} for _, r in wl.iterrows()] if wl is not None else []
     ctx = {
         "title": result.source.run_dir.name if result.source.run_dir else result.source.trace.name,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
@@ -240,11 +240,12 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "badges": badges,
         "failures": failures,
         "kernel_bars": bar_chart(tables.get("kernel_summary"), "kernel_short", "total_ns", title="kernel"),
-        "range_bars": bar_chart(tables.get("range_summary"), "range", "proj_total_ns"),
+        "range_bars": bar_chart(tables.get("range_summary"), "range", "gpu_busy_ns"),
         "tables": {name: table(df, columns.get(name, list(df.columns) if df is not None else []))
                    for name, df in tables.items()},
         "workloads": table(wl, ["range", "verdict", "instances", "fused_kernels", "other_kernels",
-                                "mean_proj_gpu_ns"]),
+                                "mean_gpu_busy_ns", "med_gpu_busy_ns", "mean_kernel_ns", "mean_proj_gpu_ns",
+                                "host_syncs", "dtoh_copies"]),
         "compare": table(compare, ["kind", "name", "base_ns", "cur_ns", "delta_pct", "base_verdict",
                                    "cur_verdict", "regression"]) if compare is not None else None,
         "verdict_order": VERDICT_ORDER,

@@ -1,14 +1,14 @@
 -- Question: what changed against a baseline? Reads base_/cur_ workload summaries and kernel summaries
--- (temp tables with the columns of workload_summary.sql and kernel_summary.sql). Per workload: mean projected
--- GPU time per repetition and verdict; per kernel: total time. delta_pct > 0 means slower now.
+-- (temp tables with the columns of workload_summary.sql and kernel_summary.sql). Per workload: mean GPU busy
+-- time per repetition (the union of its GPU ops, not the projected span) and verdict; per kernel: total time. delta_pct > 0 means slower now.
 -- $threshold (percent): a fused workload (required_fused) regresses when slower by more than it, or when it
 -- was fused in the baseline and is not now.
 WITH wl AS (
     SELECT
         'workload' AS kind,
         coalesce(c.range, b.range) AS name,
-        b.mean_proj_gpu_ns AS base_ns,
-        c.mean_proj_gpu_ns AS cur_ns,
+        b.mean_gpu_busy_ns AS base_ns,
+        c.mean_gpu_busy_ns AS cur_ns,
         b.verdict AS base_verdict,
         c.verdict AS cur_verdict,
         coalesce(c.required_fused, b.required_fused, false) AS required_fused

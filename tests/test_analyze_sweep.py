@@ -158,3 +158,39 @@ def test_start_end_pairs_equal_the_interval_rule_on_every_boundary():
         ORDER BY 1, 2""").fetchall()
     assert got == want
     assert ("b", 101) in got and ("x", 106) not in got and ("x", 102) in got
+
+
+def test_staging_reports_each_step_and_speaks_during_a_long_one(capsys):
+    """Progress names the stage step and the fraction done, and repeats while one step runs long."""
+    import time
+
+    from pipelines import analysis
+
+    con = trace_db.connect(threads=1)
+    trace_db.empty_sources(con)
+    steps = []
+    sql.stage(con, lambda step, done, total: steps.append((step, done, total)))
+    assert [s[0] for s in steps][:2] == ["gpu_ops", "ranges"] and steps[-1][0] == "range_instances"
+    assert [s[1] for s in steps] == list(range(len(steps))) and {s[2] for s in steps} == {len(steps)}
+    beat = analysis.Heartbeat("t.sqlite", every=0.1)
+    with beat.running():
+        beat("range_ops", 7, 10)
+        time.sleep(0.45)  # a step that outlasts several heartbeats
+    err = capsys.readouterr().err
+    assert "t.sqlite: staging range_ops (70% of staging done" in err
+    assert err.count("still staging range_ops (70%") >= 2
+
+
+def test_trace_schema_doc_names_every_output_column():
+    import pathlib
+
+    from pipelines import analysis
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
+    section = doc.split("## Output columns", 1)[1].split("\n## ", 1)[0]
+    for name, cols in analysis.COLUMNS.items():
+        part = section.split(f"`{name}.csv`", 1)
+        assert len(part) == 2, f"docs/trace-schema.md, Output columns: no paragraph for {name}.csv"
+        para = part[1].split("\n\n", 1)[0]
+        for c in cols:
+            assert f"`{c}`" in para, f"{name}.csv: column {c} undocumented"
