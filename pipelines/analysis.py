@@ -57,6 +57,7 @@ class Result:
     patterns: list[str]
     counts: dict[str, int]
     seconds: float
+    held_syncs: pd.DataFrame | None = None  # queries/held_syncs.sql: syncs inside instances that must not block
 
 
 def progress(msg: str) -> None:
@@ -231,9 +232,20 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat) -> Result:
         c.executemany("INSERT INTO manifest_workloads VALUES (?, ?, ?)", mw)
         load_ncu(c, src.ncu_csv)
         tables["bandwidth"] = sql.frame(c, "bandwidth")
+    held = sql.frame(c, "held_syncs", {"ranges": list(ranges)})
     seconds = time.perf_counter() - t0
     progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
-    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds)
+    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held)
+
+
+def sync_failures(result: Result) -> list[str]:
+    """--require-no-sync: each host sync inside a fused op range, a fused single-op workload's repetition or a
+    --range instance, naming the instance and the call (queries/held_syncs.sql says which instances)."""
+    h = result.held_syncs
+    if h is None:
+        return []
+    return [f"{r.level} {r.range} #{int(r.instance)}: {r.api} ({r.rule}) at {int(r.call_start)} ns, "
+            f"blocking {int(r.call_ns)} ns" for r in h.itertuples(index=False)]
 
 
 def failures(result: Result) -> list[str]:

@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
                "bandwidth.csv (when the manifest gives bytes), compare.csv (with --compare), report.html. "
-               "Exit codes: 0 done, 1 a requested check failed (--require-fused, --compare), "
+               "Exit codes: 0 done, 1 a requested check failed (--require-fused, --require-no-sync, --compare), "
                "2 bad input, 3 this machine lacks the sqlite extension package.")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="a run directory of pipelines.capture (trace.sqlite + manifest.json) "
@@ -54,6 +54,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--require-fused", action="store_true",
                    help="after writing the reports, exit 1 when a workload that must be fused (one with "
                         "fused_ops, or a *-fused range) or one of its required op ranges is not fused")
+    p.add_argument("--require-no-sync", action="store_true",
+                   help="after writing the reports, exit 1 when a fused op range, a repetition of a fused single-op "
+                        "workload or a --range instance holds a host sync (NVIDIA's rules cuda_api_sync, "
+                        "cuda_memcpy_sync, cuda_memcpy_async, cuda_memset_sync), naming the instance and the call")
     p.add_argument("--compare", metavar="BASELINE", type=pathlib.Path,
                    help="a baseline run directory or .sqlite: per workload and kernel time deltas and verdict "
                         "changes (compare.csv and the HTML); exit 1 on a regression of a fused workload")
@@ -242,9 +246,10 @@ def run(args: argparse.Namespace) -> int:
     rc = EXIT_OK
     for res, out in zip(results, outs, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
+        syncs = analysis.sync_failures(res) if args.require_no_sync else []
         cmp = compare_frames(res, base, args.threshold) if base is not None else None
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails))
+            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs]))
         except report.OutputError as e:
             raise UsageError(str(e)) from None
         print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
@@ -253,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
                   "each)")
         for f in fails:
             print(f"{PROG}: not fused: {f}", file=sys.stderr)
+            rc = EXIT_CHECK_FAILED
+        for f in syncs:
+            print(f"{PROG}: host sync: {f}", file=sys.stderr)
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
             for r in cmp[cmp["regression"]].itertuples(index=False):
