@@ -72,7 +72,7 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
 # its reports, and is never replaced.
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
-                          "bandwidth.csv", "compare.csv", "report.html"})
+                          "bandwidth.csv", "compare.csv", "compare.json", "report.html"})
 
 
 class OutputError(Exception):
@@ -226,7 +226,8 @@ def provenance(result) -> dict:
     return out
 
 
-def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str]) -> bytes:
+def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
+                compare_meta: dict | None = None) -> bytes:
     wl = result.workloads
     badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
                "mean": r["mean_gpu_busy_ns"]} for _, r in wl.iterrows()] if wl is not None else []
@@ -246,8 +247,10 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "workloads": table(wl, ["range", "verdict", "instances", "fused_kernels", "other_kernels",
                                 "mean_gpu_busy_ns", "med_gpu_busy_ns", "mean_kernel_ns", "mean_proj_gpu_ns",
                                 "host_syncs", "dtoh_copies"]),
-        "compare": table(compare, ["kind", "name", "base_ns", "cur_ns", "delta_pct", "base_verdict",
-                                   "cur_verdict", "regression"]) if compare is not None else None,
+        "compare": table(compare, ["kind", "name", "base_instances", "cur_instances", "base_med_ns", "cur_med_ns",
+                                   "delta_pct", "base_verdict", "cur_verdict", "regression"])
+        if compare is not None else None,
+        "compare_meta": compare_meta or {},
         "verdict_order": VERDICT_ORDER,
     }
     return environment().get_template("report.html.j2").render(**ctx).encode()

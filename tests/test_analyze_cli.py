@@ -357,7 +357,9 @@ def test_compare_flags_a_slower_fused_workload(tmp_path, capsys):
 def test_compare_flags_a_lost_fused_verdict(tmp_path, capsys):
     cur = _copy_trace(tmp_path, "cur", "UPDATE StringIds SET value = replace(value, 'rlkernel_', 'aten_like_')")
     out = tmp_path / "cmp"
-    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--out", out) == 1
+    # Renamed kernels are another kernel set: not comparable (exit 2) unless --force, which still gates.
+    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--out", out) == 2
+    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--force", "--out", out) == 1
     rows = {(r["kind"], r["name"]): r for r in csv.DictReader(open(out / "compare.csv"))}
     g = rows[("workload", "rlkernel:grpo-step")]
     assert (g["base_verdict"], g["cur_verdict"], g["regression"]) == ("fused", "fallback", "True")
