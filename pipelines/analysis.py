@@ -31,6 +31,10 @@ COLUMNS = {
                       "med_ns", "min_ns", "max_ns", "stddev_ns"],
     "dispatch": ["level", "range", "instance", "start_ns", "verdict", "fused_kernels", "other_kernels",
                  "proj_gpu_ns", *GPU_TIME],
+    "gaps": ["pid", "device_id", "start_ns", "end_ns", "gap_ns"],
+    "utilization": ["pid", "device_id", "start_ns", "dur_ns", "in_use_pct", "busy_pct"],
+    "repetition_gaps": ["workload", "instance", "rank", "gap_start_ns", "gap_ns", "host_calls", "host_syncs",
+                        "outside_calls_ns", "longest_calls"],
     "bandwidth": ["workload", "instances", "bytes", "mean_proj_gpu_ns", "mean_gpu_busy_ns", "gb_per_s",
                   "peak_gb_per_s", "pct_of_peak", "ncu_launches", "ncu_dram_bytes", "ncu_gpu_time_ns", "ncu_gb_per_s",
                   "ncu_dram_pct_of_peak"],
@@ -65,6 +69,9 @@ def progress(msg: str) -> None:
 
 
 HEARTBEAT_S = 10.0  # the longest silence while a big trace stages (issue 18)
+GAP_MS = 1  # gaps.csv: GPU idle gaps longer than this (nsys gpu_gaps' `gap` option; its default is 500)
+UTIL_CHUNKS = 30  # utilization.csv: gpu_time_util's default chunk count; every chunk kept (threshold: none)
+REPETITION_GAPS = 3  # repetition_gaps.csv: the longest gaps of each workload repetition
 
 
 class Heartbeat:
@@ -75,18 +82,21 @@ class Heartbeat:
         self.label, self.every, self.t0 = label, every, time.perf_counter()
         self.phase, self.step, self.frac, self._stop = "staging", "", 0.0, threading.Event()
         self._lock = threading.Lock()
-        self._last = self.t0
+        self._last, self._said = self.t0, False
 
     def _say(self, still: bool) -> None:
         with self._lock:
-            self._last = time.perf_counter()
+            self._last, self._said = time.perf_counter(), True
             progress(f"{self.label}: {'still ' if still else ''}{self.phase} {self.step} ({self.frac:.0%} of "
                      f"{self.phase} done, {self._last - self.t0:.1f} s)")
 
     def __call__(self, step: str, done: int, total: int, phase: str | None = None) -> None:
+        """A new step: said at once unless something was said in the last fifth of a heartbeat (small traces
+        stay quiet); the heartbeat says it later if it runs long."""
         self.phase = phase or self.phase
         self.step, self.frac = step, done / max(total, 1)
-        self._say(False)
+        if not self._said or time.perf_counter() - self._last >= self.every / 5:
+            self._say(False)
 
     def _run(self) -> None:
         poll = self.every / 20  # speak a poll early, so that no silence outlasts `every`
@@ -233,6 +243,9 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat) -> Result:
         load_ncu(c, src.ncu_csv)
         tables["bandwidth"] = sql.frame(c, "bandwidth")
     held = sql.frame(c, "held_syncs", {"ranges": list(ranges)})
+    tables["gaps"] = sql.frame(c, "gpu_gaps", {"gap_ns": GAP_MS * 1_000_000})
+    tables["utilization"] = sql.frame(c, "gpu_time_util", {"chunks": UTIL_CHUNKS, "threshold": float("inf")})
+    tables["repetition_gaps"] = sql.frame(c, "repetition_gaps", {"top": REPETITION_GAPS})
     seconds = time.perf_counter() - t0
     progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
     return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held)

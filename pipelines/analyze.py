@@ -34,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
+               "gaps.csv and utilization.csv (as nsys analyze's gpu_gaps and gpu_time_util), repetition_gaps.csv, "
                "bandwidth.csv (when the manifest gives bytes), compare.csv and compare.json (with --compare), "
                "report.html. "
                "Exit codes: 0 done, 1 a requested check failed (--require-fused, --require-no-sync, --compare), "

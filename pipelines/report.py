@@ -72,7 +72,8 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
 # its reports, and is never replaced.
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
-                          "bandwidth.csv", "compare.csv", "compare.json", "report.html"})
+                          "bandwidth.csv", "compare.csv", "compare.json", "gaps.csv", "utilization.csv",
+                          "repetition_gaps.csv", "report.html"})
 
 
 class OutputError(Exception):

@@ -31,8 +31,8 @@ def test_outputs_have_the_exact_columns(tmp_path):
     out = tmp_path / "rep"
     assert main(DATA / "verdicts", "--out", out) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["bandwidth.csv", "dispatch.csv", "kernel_summary.csv", "range_kernels.csv",
-                     "range_summary.csv", "report.html"]
+    assert names == ["bandwidth.csv", "dispatch.csv", "gaps.csv", "kernel_summary.csv", "range_kernels.csv",
+                     "range_summary.csv", "repetition_gaps.csv", "report.html", "utilization.csv"]
     for name, cols in analysis.COLUMNS.items():
         assert header(out / f"{name}.csv") == cols, name
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
@@ -210,7 +210,8 @@ def test_stale_outputs_of_an_earlier_run_do_not_survive(tmp_path):
     assert main(DATA / "nvtx_mix", "--out", out) == 0
     names = sorted(p.name for p in out.iterdir())
     assert "compare.csv" not in names and "bandwidth.csv" not in names  # nvtx_mix has no manifest
-    assert names == ["dispatch.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv", "report.html"]
+    assert names == ["dispatch.csv", "gaps.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv",
+                     "repetition_gaps.csv", "report.html", "utilization.csv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary sibling left
 
 
