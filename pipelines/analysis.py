@@ -62,6 +62,8 @@ class Result:
     counts: dict[str, int]
     seconds: float
     held_syncs: pd.DataFrame | None = None  # queries/held_syncs.sql: syncs inside instances that must not block
+    timeline: pd.DataFrame | None = None  # queries/timeline.sql: one steady-state repetition per workload
+    first_calls: pd.DataFrame | None = None  # queries/first_calls.sql: each op range's first call apart
 
 
 def progress(msg: str) -> None:
@@ -72,6 +74,7 @@ HEARTBEAT_S = 10.0  # the longest silence while a big trace stages (issue 18)
 GAP_MS = 1  # gaps.csv: GPU idle gaps longer than this (nsys gpu_gaps' `gap` option; its default is 500)
 UTIL_CHUNKS = 30  # utilization.csv: gpu_time_util's default chunk count; every chunk kept (threshold: none)
 REPETITION_GAPS = 3  # repetition_gaps.csv: the longest gaps of each workload repetition
+TIMELINE_ITEMS = 400  # the report's timeline: at most this many items of each kind per workload (longest first)
 
 
 class Heartbeat:
@@ -246,9 +249,11 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat) -> Result:
     tables["gaps"] = sql.frame(c, "gpu_gaps", {"gap_ns": GAP_MS * 1_000_000})
     tables["utilization"] = sql.frame(c, "gpu_time_util", {"chunks": UTIL_CHUNKS, "threshold": float("inf")})
     tables["repetition_gaps"] = sql.frame(c, "repetition_gaps", {"top": REPETITION_GAPS})
+    timeline = sql.frame(c, "timeline", {"max_items": TIMELINE_ITEMS})
+    first_calls = sql.frame(c, "first_calls")
     seconds = time.perf_counter() - t0
     progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
-    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held)
+    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held, timeline, first_calls)
 
 
 def sync_failures(result: Result) -> list[str]:

@@ -18,6 +18,8 @@ import tempfile
 import jinja2
 import pandas as pd
 
+from pipelines import timeline
+
 TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
 ENV_ALLOWED = re.compile(r"^(CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|TORCH_CUDA_ARCH_LIST|CUDA_LAUNCH_BLOCKING"
@@ -252,6 +254,10 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
                                    "delta_pct", "base_verdict", "cur_verdict", "regression"])
         if compare is not None else None,
         "compare_meta": compare_meta or {},
+        "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
+        "first_calls": table(getattr(result, "first_calls", None),
+                             ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",
+                              "steady_med_dur_ns", "steady_med_proj_ns", "steady_med_busy_ns"]),
         "verdict_order": VERDICT_ORDER,
     }
     return environment().get_template("report.html.j2").render(**ctx).encode()
