@@ -49,8 +49,8 @@ def build(fixture: pathlib.Path, out: pathlib.Path, kernels: int, per_launch: in
     # One block: the fixture's kernels with the launch call of each (same process).
     con.execute("""
         CREATE TEMP TABLE block AS
-        SELECT k.start AS k_start, k."end" AS k_end, k.deviceId, k.streamId, k.correlationId, k.globalPid,
-               k.demangledName, k.shortName, r.start AS r_start, r."end" AS r_end, r.nameId
+        SELECT k.rowid AS krow, r.rowid AS rrow, k.correlationId, k.globalPid,
+               k.start AS k_start, k."end" AS k_end, r.start AS r_start, r."end" AS r_end
         FROM src.CUPTI_ACTIVITY_KIND_KERNEL AS k
         JOIN src.CUPTI_ACTIVITY_KIND_RUNTIME AS r
           ON r.correlationId = k.correlationId AND (r.globalTid >> 24) = (k.globalPid >> 24)""")
@@ -61,36 +61,42 @@ def build(fixture: pathlib.Path, out: pathlib.Path, kernels: int, per_launch: in
     reps = -(-kernels // n_block)
     con.execute("""
         CREATE TEMP TABLE launches AS
-        SELECT b.*, i AS rep, (? | (1000 + i % ?)) AS tid, i * ? AS shift, i * ? AS cshift
+        SELECT b.*, (? | (1000 + i % ?)) AS tid, i * ? AS shift, i * ? AS cshift
         FROM block AS b, range(?) AS t(i)
         QUALIFY row_number() OVER (ORDER BY i, b.correlationId) <= ?""", [pid, threads, span, cmax, reps, kernels])
     sid = con.execute("SELECT max(id) + 1 FROM src.StringIds").fetchone()[0]
     con.execute("CREATE TABLE dst.StringIds AS SELECT * FROM src.StringIds UNION ALL "
                 "SELECT ?, 'bench' UNION ALL SELECT ?, 'step'", [sid, sid + 1])
-    for t in ("TARGET_INFO_GPU", "META_DATA_EXPORT"):
-        con.execute(f"CREATE TABLE dst.{t} AS SELECT * FROM src.{t}")
+    # Kernels and launch calls: the fixture's rows, every column kept (so `nsys stats` reads the result too).
     con.execute("""
         CREATE TABLE dst.CUPTI_ACTIVITY_KIND_KERNEL AS
-        SELECT k_start + shift AS start, k_end + shift AS "end", deviceId, streamId, correlationId + cshift AS
-               correlationId, globalPid, demangledName, shortName, NULL::BIGINT AS graphNodeId
-        FROM launches ORDER BY start""")
+        SELECT k.* REPLACE (k.start + l.shift AS start, k."end" + l.shift AS "end",
+                            k.correlationId + l.cshift AS correlationId)
+        FROM launches AS l JOIN src.CUPTI_ACTIVITY_KIND_KERNEL AS k ON k.rowid = l.krow ORDER BY start""")
     con.execute("""
         CREATE TABLE dst.CUPTI_ACTIVITY_KIND_RUNTIME AS
-        SELECT r_start + shift AS start, r_end + shift AS "end", tid AS globalTid, correlationId + cshift AS
-               correlationId, nameId
-        FROM launches ORDER BY start""")
+        SELECT r.* REPLACE (r.start + l.shift AS start, r."end" + l.shift AS "end", l.tid AS globalTid,
+                            r.correlationId + l.cshift AS correlationId)
+        FROM launches AS l JOIN src.CUPTI_ACTIVITY_KIND_RUNTIME AS r ON r.rowid = l.rrow ORDER BY start""")
     # Ranges: level 0 outermost; a domain-create event (eventType 75) per thread names domain 1 `bench`.
     con.execute(f"""
         CREATE TABLE dst.NVTX_EVENTS AS
         SELECT * FROM (
-            SELECT ? AS start, NULL::BIGINT AS "end", 75 AS eventType, NULL::VARCHAR AS text, ? AS textId,
-                   tid AS globalTid, NULL::BIGINT AS endGlobalTid, 1 AS domainId
+            SELECT ? AS start, NULL::BIGINT AS "end", 75 AS eventType, NULL::BIGINT AS rangeId,
+                   NULL::BIGINT AS category, NULL::BIGINT AS color, NULL::VARCHAR AS text, tid AS globalTid,
+                   NULL::BIGINT AS endGlobalTid, ? AS textId, 1 AS domainId
             FROM (SELECT DISTINCT tid FROM launches)
             UNION ALL
-            SELECT r_start + shift - 50 * (? - lvl), r_end + shift + 50 * (? - lvl), {STYLE[variant]}, NULL, ?,
-                   tid, tid, 1
+            SELECT r_start + shift - 50 * (? - lvl), r_end + shift + 50 * (? - lvl), {STYLE[variant]}, NULL, NULL,
+                   NULL, NULL, tid, tid, ?, 1
             FROM launches, range(?) AS l(lvl)
         ) ORDER BY start""", [t0, sid, per_launch, per_launch, sid + 1, per_launch])
+    # Every other table of the fixture as it is (GPU, export metadata, enums, processes).
+    made = {"StringIds", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"}
+    others = [r[0] for r in con.execute("SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'",
+                                        [str(fixture)]).fetchall() if r[0] not in made]
+    for t in others:
+        con.execute(f'CREATE TABLE dst."{t}" AS SELECT * FROM src."{t}"')
     counts = {t: con.execute(f"SELECT count(*) FROM dst.{t}").fetchone()[0]
               for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS")}
     con.close()

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from pipelines import analysis, sql, trace_db
-from tests.nsys_reference import CASES, DATA, cross_thread_ranges, stats
+from tests.nsys_reference import CASES, DATA, analyzed, cross_thread_ranges, stats
 
 pytestmark = pytest.mark.smoke
 SYNC_RULES = ("cuda_api_sync", "cuda_memcpy_sync", "cuda_memcpy_async", "cuda_memset_sync")
@@ -33,14 +33,7 @@ def rule_rows(case: str, rule: str) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def results():
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            cache[case] = analysis.analyze(analysis.Source(DATA / case / "trace.sqlite"))
-        return cache[case]
-
-    return get
+    return analyzed
 
 
 def test_rule_fixtures_hold_rows():

@@ -12,7 +12,7 @@ import pathlib
 import pytest
 
 from pipelines import analysis
-from tests.nsys_reference import CASES, DATA, cross_thread_ranges, stats
+from tests.nsys_reference import CASES, DATA, analyzed, cross_thread_ranges, stats
 
 pytestmark = pytest.mark.smoke
 STAT_TOL_NS = 1.0  # averages/medians/stddevs: both round to 0.1 ns; the issue asks for 1 ns
@@ -21,14 +21,7 @@ PCT_TOL = 0.1  # time_pct: both round to 0.1 %
 
 @pytest.fixture(scope="module")
 def results():
-    cache = {}
-
-    def get(case):
-        if case not in cache:
-            cache[case] = analysis.analyze(analysis.Source(DATA / case / "trace.sqlite"))
-        return cache[case]
-
-    return get
+    return analyzed
 
 
 def close(a, b, tol):
