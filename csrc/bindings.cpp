@@ -47,9 +47,11 @@ void fill_rows(Args& a, const Tensor& logits, const Tensor& ids, double temperat
   a.stream = rlkernel::current_cuda_stream(logits.device().index());
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
-                                                        int64_t ignore_index, bool compute_entropy,
-                                                        bool /*inplace_backward*/, c10::string_view /*requested*/) {
+
+std::tuple<Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
+                                                int64_t ignore_index, bool compute_entropy, int64_t error_record,
+                                                int64_t error_seq, int64_t error_op, bool /*inplace_backward*/,
+                                                c10::string_view /*requested*/) {
   check_rows(logits, ids);
   TORCH_CHECK(temperature > 0.0, "rlkernel: temperature must be > 0");
   c10::DeviceGuard guard(logits.device());
@@ -58,16 +60,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, co
   Tensor logp = at::empty({n}, f32);
   Tensor entropy = at::empty({compute_entropy ? n : 0}, f32);
   Tensor stats = at::empty({n, 2}, f32);
-  Tensor bad_pos = at::empty({1}, logits.options().dtype(at::kLong));
   rlkernel::LogpForwardArgs a{};
   fill_rows(a, logits, ids, temperature, ignore_index);
   a.logp = logp.data_ptr<float>();
   a.entropy = compute_entropy ? entropy.data_ptr<float>() : nullptr;
   a.stats = stats.data_ptr<float>();
-  a.bad_pos = bad_pos.data_ptr<int64_t>();
+  a.errors = rlkernel::error_sink(error_record, error_seq, error_op);
   const char* err = rlkernel::logp_forward(a);
   TORCH_CHECK(err == nullptr, "rlkernel logp_forward: ", err);
-  return {logp, entropy, stats, bad_pos};
+  return {logp, entropy, stats};
 }
 
 void logp_backward_into(const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,
@@ -111,13 +112,27 @@ void logp_backward_inplace(const std::optional<Tensor>& grad_logp, const std::op
 
 }  // namespace
 
+namespace rlkernel {
+ErrorSink error_sink(int64_t record, int64_t seq, int64_t op) {
+  TORCH_CHECK(record >= 0, "rlkernel: bad error record address");
+  TORCH_CHECK(seq >= 0 && seq < (int64_t{1} << 31), "rlkernel: error sequence number out of range");
+  ErrorSink sink;
+  sink.record = reinterpret_cast<int64_t*>(static_cast<uintptr_t>(record));
+  sink.seq = seq;
+  sink.op = static_cast<int>(op);
+  return sink;
+}
+}  // namespace rlkernel
+
+// error_record/error_seq/error_op: where bad ids are reported (the record's device address as an integer, so the
+// schema mutates no tensor argument and the op stays functional for autograd and torch.compile; 0 reports nothing).
 // `inplace_backward` and `requested` are autograd metadata: the kernel ignores them, the autograd formula registered
 // in Python reads them (in-place gradient; the backward's dispatch record carries the forward's request).
 TORCH_LIBRARY(rlkernel, m) {
   m.def(
       "logp_forward(Tensor logits, Tensor token_ids, float temperature, int ignore_index, bool compute_entropy, "
-      "bool inplace_backward=False, str requested=\"fused\") -> (Tensor logp, Tensor entropy, Tensor stats, "
-      "Tensor bad_pos)");
+      "int error_record=0, int error_seq=0, int error_op=1, bool inplace_backward=False, str requested=\"fused\") "
+      "-> (Tensor logp, Tensor entropy, Tensor stats)");
   m.def(
       "logp_backward(Tensor? grad_logp, Tensor? grad_entropy, Tensor logits, Tensor token_ids, Tensor stats, "
       "Tensor entropy, float temperature, int ignore_index) -> Tensor");

@@ -1,6 +1,6 @@
 // Launchers of the fused log-prob kernels. No torch include (the CI compile gate builds this with nvcc alone).
-// Each launcher opens its NVTX op range (domain rlkernel) around everything it puts on the stream: the bad-id
-// flag's memset and the rlkernel_* kernel, nothing else.
+// Each launcher opens its NVTX op range (domain rlkernel) around everything it puts on the stream: one rlkernel_*
+// kernel, nothing else (bad ids go to the device's error record from inside the kernel).
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
@@ -65,7 +65,6 @@ int logp_row_team(int64_t vocab, ElemType dtype) {
 const char* logp_forward(const LogpForwardArgs& a) {
   auto range = op_range<FwdMessage>();
   auto stream = static_cast<cudaStream_t>(a.stream);
-  if (cudaMemsetAsync(a.bad_pos, 0x7F, sizeof(int64_t), stream) != cudaSuccess) return last_error();
   if (a.n_rows == 0) return nullptr;
   LogpFwdParams p;
   p.logits = a.logits;
@@ -78,7 +77,7 @@ const char* logp_forward(const LogpForwardArgs& a) {
   p.logp = a.logp;
   p.entropy = a.entropy;
   p.stats = reinterpret_cast<float2*>(a.stats);
-  p.bad_pos = reinterpret_cast<unsigned long long*>(a.bad_pos);
+  p.errors = a.errors;
   const char* err = with_type_and_team(a.dtype, a.vocab, [&](auto tag, auto team) {
     using T = decltype(tag);
     constexpr int TEAM = decltype(team)::value;

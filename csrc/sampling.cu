@@ -1,6 +1,6 @@
 // Launchers of the fused sampler. No torch include (the CI compile gate builds this with nvcc alone).
 // sample_launch opens the NVTX op range rlkernel:op.sample around everything it puts on the stream: the
-// rlkernel_* kernels (and, on the whole-row path, the first-bad-row flag's memset), nothing else.
+// rlkernel_* kernels, nothing else (rows without a distribution go to the device's error record from inside them).
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
@@ -62,15 +62,13 @@ const FastPathDevice& fast_path_device(int device) {
 
 template <typename T>
 const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, float temperature,
-                         int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids, int32_t* first_bad,
+                         int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids, const ErrorSink& errors,
                          void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const bool argmax = temperature == 0.f;
   const float inv_t = argmax ? 1.f : 1.f / temperature;
   if (!use_fast_path(vocab, temperature, top_k)) {
-    cudaError_t err = cudaMemsetAsync(first_bad, 0x7F, sizeof(int32_t), stream);  // kNoBadRow
-    if (err != cudaSuccess) return cudaGetErrorString(err);
     rlkernel_sample_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        logits, row_stride, vocab, inv_t, argmax, top_k, top_p, rng, ids, first_bad);
+        logits, row_stride, vocab, inv_t, argmax, top_k, top_p, rng, ids, errors);
     return nullptr;
   }
   const int64_t splits = splits_for(vocab);
@@ -85,10 +83,9 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   auto* counts = reinterpret_cast<uint32_t*>(cand + rows * splits * kCandCap);
   const int64_t chunks = rows * splits;
   const unsigned grid = static_cast<unsigned>(chunks < dev.candidate_blocks ? chunks : dev.candidate_blocks);
-  // the candidates kernel also sets *first_bad = kNoBadRow (no memset launch on this path)
   rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
       logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), inv_t,
-      argmax ? 1 : static_cast<int>(top_k), cand, counts, first_bad);
+      argmax ? 1 : static_cast<int>(top_k), cand, counts);
   // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid
   // drains and waits for its results in cudaGridDependencySynchronize, hiding the gap between the two kernels.
   cudaLaunchAttribute pdl{};
@@ -102,7 +99,7 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   cfg.numAttrs = dev.major >= 9 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T>, logits, row_stride, vocab, static_cast<int>(splits), inv_t,
                            static_cast<const uint64_t*>(cand), static_cast<const uint32_t*>(counts), argmax, top_k,
-                           top_p, rng, ids, first_bad);
+                           top_p, rng, ids, errors);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
 }
@@ -117,7 +114,7 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
-                          int32_t* first_bad, void* workspace, size_t workspace_bytes, void* stream) {
+                          const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream) {
   if (rows <= 0) return nullptr;
   if (vocab <= 0 || vocab >= (int64_t{1} << 31)) return "vocab size must be in [1, 2^31)";
   if (rows >= (int64_t{1} << 31) || rows * splits_for(vocab) >= (int64_t{1} << 31)) return "too many rows";
@@ -129,15 +126,15 @@ const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int6
   switch (dtype) {
     case ElemType::kFloat32:
       msg = launch_typed(static_cast<const float*>(logits), rows, vocab, row_stride, temperature, top_k, top_p, rng,
-                         ids, first_bad, workspace, workspace_bytes, st);
+                         ids, errors, workspace, workspace_bytes, st);
       break;
     case ElemType::kFloat16:
       msg = launch_typed(static_cast<const __half*>(logits), rows, vocab, row_stride, temperature, top_k, top_p,
-                         rng, ids, first_bad, workspace, workspace_bytes, st);
+                         rng, ids, errors, workspace, workspace_bytes, st);
       break;
     case ElemType::kBFloat16:
       msg = launch_typed(static_cast<const __nv_bfloat16*>(logits), rows, vocab, row_stride, temperature, top_k,
-                         top_p, rng, ids, first_bad, workspace, workspace_bytes, st);
+                         top_p, rng, ids, errors, workspace, workspace_bytes, st);
       break;
     default:
       return "logits dtype unsupported (float16/bfloat16/float32)";

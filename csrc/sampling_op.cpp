@@ -31,9 +31,14 @@ rlkernel::PhiloxArgs philox_args(const std::optional<at::Generator>& generator, 
   TORCH_CHECK(gen_index < 0 || gen_index == device_index, "rlkernel sample: the generator is on ", gen->device(),
               ", the logits on cuda:", device_index);
   at::PhiloxCudaState state;
-  {
+  try {
     std::lock_guard<std::mutex> lock(gen->mutex_);
     state = gen->philox_cuda_state(increment);
+  } catch (const c10::Error& e) {
+    // torch's own message ("Attempt to increase offset for a CUDA generator not in capture mode") does not say
+    // what to do: a user generator must be registered with the graph, as for torch's own random ops.
+    TORCH_CHECK(false, "rlkernel sample: this generator cannot draw here (", e.msg(), "). Inside CUDA-graph capture, ",
+                "register it with the graph first: graph.register_generator_state(generator)");
   }
   rlkernel::PhiloxArgs args;
   if (state.captured_) {
@@ -48,9 +53,9 @@ rlkernel::PhiloxArgs philox_args(const std::optional<at::Generator>& generator, 
   return args;
 }
 
-// Returns (ids int64 [N], first_bad int32 [1]: the first row without a distribution, else kNoBadRow).
-std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
-                                  std::optional<at::Generator> generator) {
+// Returns ids int64 [N]; a row without a distribution gets -1 and is reported to the error record (error_*).
+Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
+              std::optional<at::Generator> generator, int64_t error_record, int64_t error_seq) {
   TORCH_CHECK(logits.is_cuda(), "rlkernel sample: logits must be a CUDA tensor");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "rlkernel sample: logits must be [N, V], last dim contiguous");
   TORCH_CHECK(temperature >= 0.0 && top_k >= 0 && top_p > 0.0 && top_p <= 1.0,
@@ -59,8 +64,8 @@ std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int6
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const int device = logits.device().index();
   Tensor ids = at::empty({n}, logits.options().dtype(at::kLong));
-  Tensor first_bad = at::empty({1}, logits.options().dtype(at::kInt));
-  if (n == 0) return {ids, first_bad.fill_(rlkernel::kNoBadRow)};
+  if (n == 0) return ids;
+  const rlkernel::ErrorSink errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpSampleNoDist);
   const float t = static_cast<float>(temperature);
   // T = 0 is argmax and draws nothing: the generator is left as it was
   const rlkernel::PhiloxArgs rng = t > 0.f ? philox_args(generator, device, rlkernel::kSampleOffsetIncrement)
@@ -69,17 +74,17 @@ std::tuple<Tensor, Tensor> sample(const Tensor& logits, double temperature, int6
   Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, logits.options().dtype(at::kByte));
   const char* err = rlkernel::sample_launch(
       logits.data_ptr(), rlkernel::elem_type_of(logits, "rlkernel sample"), n, vocab,
-      n > 1 ? logits.stride(0) : vocab, t, top_k, top_p, rng, ids.data_ptr<int64_t>(), first_bad.data_ptr<int32_t>(),
+      n > 1 ? logits.stride(0) : vocab, t, top_k, top_p, rng, ids.data_ptr<int64_t>(), errors,
       ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device));
   TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
-  return {ids, first_bad};
+  return ids;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
-  m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None) -> "
-        "(Tensor ids, Tensor first_bad)");
+  m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None, "
+        "int error_record=0, int error_seq=0) -> Tensor ids");
 }
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) { m.impl("sample", &sample); }

@@ -16,7 +16,7 @@ import time
 
 import pandas as pd
 
-from pipelines import sql, trace_db
+from pipelines import ncu_csv, sql, trace_db
 
 DEFAULT_PATTERNS = ("rlkernel_*",)
 
@@ -184,14 +184,12 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
     if path is None or not path.exists():
         return
     try:
-        df = pd.read_csv(path)
-    except Exception as e:  # noqa: BLE001
-        raise trace_db.TraceError(f"{path}: not a readable ncu.csv ({e})") from None
-    need = ["range", "instance", "kernel", "launch", "metric", "unit", "value"]
-    if list(df.columns)[: len(need)] != need:
-        raise trace_db.TraceError(f"{path}: ncu.csv columns are {list(df.columns)}, expected {need}")
-    df = df[need].copy()
-    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+        rows = ncu_csv.read_long(path)  # checked: integers within int64, exact text
+    except ncu_csv.NcuCsvError as e:
+        raise trace_db.TraceError(str(e)) from None
+    df = pd.DataFrame(rows, columns=list(ncu_csv.LONG_COLUMNS), dtype=object)
+    for col, kind in (("instance", "Int64"), ("launch", "Int64"), ("value", "Float64")):
+        df[col] = df[col].astype(kind)  # nullable: an empty instance, an n/a value stay NULL
     con.register("ncu_df", df)
     con.execute("INSERT INTO ncu_metrics SELECT * FROM ncu_df")
     con.unregister("ncu_df")

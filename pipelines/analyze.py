@@ -13,9 +13,11 @@ import os
 import pathlib
 import sys
 
+import duckdb
 import pandas as pd
 
 from pipelines import analysis, compare, report, trace_db
+from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
@@ -27,8 +29,15 @@ class UsageError(Exception):
     pass
 
 
+# --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
+# parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
+_OUT_HINT = ("did you mean --out? it names the report folder itself, replaced whole; capture's and the "
+             "profile suite's --output-dir name a parent folder")
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
+        hints={f: _OUT_HINT for f in ("--output-dir", "--outdir", "--out-dir", "--output", "--output-directory")},
         prog="python -m pipelines.analyze",
         description="Analyze nsys SQLite exports with DuckDB: kernel and NVTX-range summaries equal to nsys stats, "
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
@@ -36,16 +45,17 @@ def parser() -> argparse.ArgumentParser:
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
                "gaps.csv and utilization.csv (as nsys analyze's gpu_gaps and gpu_time_util), repetition_gaps.csv, "
                "bandwidth.csv (when the manifest gives bytes), compare.csv and compare.json (with --compare), "
-               "report.html. "
+               "report.html; CSV text cells that a spreadsheet would take for a formula (=, +, -, @) get a leading ' "
+               "(docs/contracts.md, section 9). "
                "Exit codes: 0 done, 1 a requested check failed (--require-fused, --require-no-sync, --compare), "
                "2 bad input, 3 this machine lacks the sqlite extension package.")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="a run directory of pipelines.capture (trace.sqlite + manifest.json) "
                         "or any .sqlite nsys export")
     p.add_argument("--out", metavar="DIR", type=pathlib.Path,
-                   help="output directory (default: the run's report/, or reports/<trace stem>/), replaced as a "
-                        "whole by the new set of outputs, so it may hold nothing else; with several INPUTs, one "
-                        "subdirectory per input")
+                   help="the report folder itself, not a parent folder: it holds the CSVs and report.html and "
+                        "nothing else, replaced as a whole by each run (default: the run's report/, or "
+                        "reports/<trace stem>/); with several INPUTs, one subfolder per input")
     p.add_argument("--fused-pattern", metavar="GLOB", action="append", default=[],
                    help="kernel-name glob proving the fused path, added to the registry's and the manifest's "
                         "(default when none: rlkernel_*); matched against the short and the demangled name")
@@ -93,8 +103,11 @@ def newest_run(root: pathlib.Path) -> pathlib.Path | None:
 def read_json(path: pathlib.Path, what: str):
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({str(e).splitlines()[0][:160]})") from None
+    # JSONDecodeError and UnicodeDecodeError are ValueErrors; nesting deeper than the parser's stack
+    # (`[` x 200000) is a RecursionError
+    except (OSError, ValueError, RecursionError) as e:
+        why = str(e).splitlines()[0][:160] if not isinstance(e, RecursionError) else "nested too deeply"
+        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({why})") from None
 
 
 _INT_MAX = 2 ** 63 - 1  # the bytes/flops columns are BIGINT
@@ -165,6 +178,13 @@ def read_provenance(path: pathlib.Path) -> dict:
 
 def resolve(inp: pathlib.Path) -> analysis.Source:
     """An INPUT -> what to analyze. Raises TraceError naming the file and the problem."""
+    try:
+        return _resolve(inp)
+    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a directory we cannot search
+        raise trace_db.TraceError(f"{inp}: cannot read it ({e.strerror or e})") from None
+
+
+def _resolve(inp: pathlib.Path) -> analysis.Source:
     if inp.is_dir():
         trace = inp / "trace.sqlite"
         manifest = read_manifest(inp / "manifest.json") if (inp / "manifest.json").is_file() else None
@@ -202,6 +222,30 @@ def out_dir_for(src: analysis.Source, out: pathlib.Path | None, several: bool) -
     if src.run_dir is not None and src.run_dir.resolve() != EXAMPLE_DIR.resolve():
         return src.run_dir / "report"
     return pathlib.Path("reports") / ("example" if src.run_dir == EXAMPLE_DIR else stem)
+
+
+# What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
+# extremes: a subtraction, a negation or a sum overflows): bad input, one line naming the file.
+NUMERIC_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException)
+
+
+def _out_of_range(path: pathlib.Path, e: Exception) -> trace_db.TraceError:
+    return trace_db.TraceError(f"{path}: values out of range for 64-bit arithmetic, not a trace nsys writes "
+                               f"({trace_db.first_line(e)})")
+
+
+def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
+    try:
+        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
+    except NUMERIC_ERRORS as e:
+        raise _out_of_range(src.trace, e) from None
+
+
+def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
+    try:
+        return compare.frame(cur, base, threshold)
+    except NUMERIC_ERRORS as e:
+        raise _out_of_range(base.source.trace, e) from None
 
 
 def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],
@@ -242,6 +286,25 @@ def comparison_meta(res: analysis.Result, inp: pathlib.Path, base: analysis.Resu
             "gate": "median GPU busy time per repetition of each fused workload, and its fused verdict"}
 
 
+def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
+    """Every --range NAME matches a range of some input (`domain:name`, `:name`, or the bare message, as
+    analysis.workload_specs matches them); else a usage error naming the closest range names."""
+    import difflib
+
+    ranges = sorted({r for res in results for r in res.tables["range_summary"]["range"]})
+    for name in names:
+        if any(r == name or r.endswith(":" + name) for r in ranges):
+            continue
+        if not ranges:
+            raise UsageError(f"--range {name}: the input{'s have' if len(results) > 1 else ' has'} no NVTX ranges")
+        messages = sorted({r.split(":", 1)[1] for r in ranges} | set(ranges))
+        close = difflib.get_close_matches(name, messages, n=3, cutoff=0.5)
+        hint = f"closest: {', '.join(close)}" if close else \
+            f"its ranges include {', '.join(ranges[:3])}{', ...' if len(ranges) > 3 else ''}"
+        raise UsageError(f"--range {name}: no such range in {'any input' if len(results) > 1 else 'the input'}; "
+                         f"{hint}")
+
+
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
@@ -251,40 +314,47 @@ def run(args: argparse.Namespace) -> int:
     outs = [out_dir_for(s, args.out, len(sources) > 1) for s in sources]
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
-    results = [analysis.analyze(s, patterns=args.fused_pattern, ranges=args.ranges) for s in sources]
-    base = None
-    if base_src is not None:
-        base = analysis.analyze(base_src, patterns=args.fused_pattern, ranges=args.ranges)
+    results = [analyze_source(s, args) for s in sources]
+    check_ranges(args.ranges, results)
+    base = analyze_source(base_src, args) if base_src is not None else None
     metas = [None] * len(results)
     if base is not None:
         metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, inputs, strict=True)]
+    compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK
-    for res, out, meta in zip(results, outs, metas, strict=True):
+    for res, out, cmp, meta in zip(results, outs, compares, metas, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
         syncs = analysis.sync_failures(res) if args.require_no_sync else []
-        cmp = compare.frame(res, base, args.threshold) if base is not None else None
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta))
+            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
+                                         on_wait=lambda out=out: say(
+                                             f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
         except report.OutputError as e:
             raise UsageError(str(e)) from None
-        print(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
+        say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
-            print(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
-                  "each)")
+            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
+                "each)")
         for f in fails:
-            print(f"{PROG}: not fused: {f}", file=sys.stderr)
+            say(f"{PROG}: not fused: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
         for f in syncs:
-            print(f"{PROG}: host sync: {f}", file=sys.stderr)
+            say(f"{PROG}: host sync: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
             for r in cmp[cmp["regression"]].itertuples(index=False):
-                print(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, median "
-                      f"{report.fmt_ns(r.base_med_ns)} -> {report.fmt_ns(r.cur_med_ns)} GPU busy per repetition "
-                      f"({r.base_instances} -> {r.cur_instances} repetitions), delta {r.delta_pct}% "
-                      f"(threshold {args.threshold}%)", file=sys.stderr)
+                say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, median "
+                    f"{report.fmt_ns(r.base_med_ns)} -> {report.fmt_ns(r.cur_med_ns)} GPU busy per repetition "
+                    f"({r.base_instances} -> {r.cur_instances} repetitions), delta {r.delta_pct}% "
+                    f"(threshold {args.threshold}%)", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
+
+
+def say(line: str, file=None) -> None:
+    """Print one line with the names in it escaped for the terminal (a range or kernel name can hold ESC,
+    NUL or newlines: rlkernel.textsafe.terminal)."""
+    print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
 def main(argv=None) -> int:
@@ -292,13 +362,13 @@ def main(argv=None) -> int:
         args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
         return run(args)
     except CliError as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return e.code
     except (trace_db.TraceError, UsageError) as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return EXIT_USAGE
     except trace_db.ExtensionMissing as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
+        say(f"{PROG}: {e}", sys.stderr)
         return EXIT_BLOCKED
 
 

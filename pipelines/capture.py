@@ -21,7 +21,16 @@ import sys
 import time
 
 from pipelines import ncu_csv, runs, tools
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser, fail
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    OUTPUT_DIR_HINTS,
+    CliError,
+    OneLineParser,
+    fail,
+)
 
 PROG = "pipelines.capture"
 HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs
@@ -45,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from rlkernel import workloads
 
     ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, hints=OUTPUT_DIR_HINTS)
     ap.add_argument("--workload", action="append", metavar="NAME", required=True,
                     help=f"registry workload, repeatable: {', '.join(workloads.names())}")
     ap.add_argument("--tool", choices=("nsys", "ncu", "all"), default="nsys", help="profiler(s) to run (default nsys)")
@@ -59,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3, help="runs per workload outside any range (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="repetitions per workload, each in its range (default 5)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output-dir", default="runs", help="where run directories go (default runs)")
+    ap.add_argument("--output-dir", default="runs",
+                    help="parent folder: each capture makes a new run directory in it, <UTC timestamp>-<workload>"
+                         "[+n]/, holding manifest.json, trace.nsys-rep, trace.sqlite, ncu.csv, the logs and, once "
+                         "analyzed, report/ (default runs)")
     ap.add_argument("--nsys", metavar="PATH", help="nsys to use (else $NSYS, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--ncu", metavar="PATH", help="ncu to use (else $NCU, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--require-fused", action="store_true",
@@ -98,6 +110,18 @@ def validate(args) -> None:
     logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
     if not math.isfinite(args.temperature) or args.temperature < 0 or (logp_ops and args.temperature == 0):
         raise CliError(f"--temperature must be a finite number > 0 (>= 0 for sampling only), got {args.temperature}")
+    check_output_dir(args.output_dir)
+
+
+def check_output_dir(path) -> None:
+    """The nearest existing part of --output-dir must be a folder (it is created later, only once the tools are
+    found): a file there would otherwise end the run with a traceback."""
+    for part in (pathlib.Path(path), *pathlib.Path(path).parents):
+        if part.exists():
+            if not part.is_dir():
+                where = "" if part == pathlib.Path(path) else f"{part} "
+                raise CliError(f"--output-dir {path}: {where}is not a directory")
+            return
 
 
 # ---- command lines ---------------------------------------------------------------------------------------
@@ -130,6 +154,22 @@ def ncu_profile_argv(ncu: str, workload: str, out_base: str, child: list[str]) -
 
 def ncu_import_argv(ncu: str, rep: str) -> list[str]:
     return [ncu, "--import", rep, "--csv", "--page", "raw", "--print-units", "base", "--print-kernel-base", "function"]
+
+
+def read_child_record(path: pathlib.Path, step_name: str) -> dict:
+    """The child's record (``dispatch`` list, ``node`` object, timings); one-line CliError (exit 2) when the file
+    is not one: unreadable, not JSON, nested deeper than the parser's stack, or the wrong shape."""
+    import json
+
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0][:160]
+        raise CliError(f"{step_name}: the child's record {path.name} is not readable JSON ({why})") from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("dispatch"), list) or not isinstance(rec.get("node"), dict):
+        raise CliError(f"{step_name}: the child's record {path.name} is not an object with a dispatch list and a "
+                       "node object")
+    return rec
 
 
 # ---- running steps ---------------------------------------------------------------------------------------
@@ -184,11 +224,9 @@ class Capture:
             raise CliError(f"{name} exited {rc}: {why} (see {log}.stderr)", code)
 
     def read_record(self, path: pathlib.Path, step_name: str) -> dict:
-        import json
-
         if not path.exists():
             raise CliError(f"{step_name}: the child wrote no record (see child.stderr)", EXIT_CHECK_FAILED)
-        rec = json.loads(path.read_text())
+        rec = read_child_record(path, step_name)
         path.unlink()
         self.run.manifest["steps"][-1]["dispatch"] = rec["dispatch"]
         if not self.node_from_child:  # the first (traced) child's node record, taken in its environment
@@ -343,7 +381,10 @@ def capture(args, argv, found, environ) -> int:
 
     from rlkernel import env, workloads
 
-    run = runs.RunDir(args.output_dir, args.workload)
+    try:
+        run = runs.RunDir(args.output_dir, args.workload)
+    except OSError as e:  # e.g. a folder without write permission
+        return fail(PROG, f"--output-dir {args.output_dir}: {e.strerror or e}", EXIT_USAGE)
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
     run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=runs.allowed_env(environ),
                         tools={n: t.record() for n, t in found.items()},

@@ -39,10 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sync(device) -> None:
-    import torch
+    """Wait for the device and raise what its error record holds (rlkernel.check_errors; nothing on CPU)."""
+    from rlkernel import errors
 
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    errors.check_errors(device)
 
 
 def run(args) -> dict:

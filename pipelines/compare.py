@@ -33,6 +33,11 @@ def workload_shapes(result) -> dict[str, str]:
     return {str(w): "" for w in result.workloads["workload"]} if result.workloads is not None else {}
 
 
+def _short_names(result) -> dict[str, str]:
+    ks = result.tables["kernel_summary"]
+    return dict(zip(ks["kernel"], ks["kernel_short"], strict=True))
+
+
 def _names(items) -> str:
     items = sorted(items)
     return ", ".join(items[:EXAMPLES]) + (f" (+{len(items) - EXAMPLES} more)" if len(items) > EXAMPLES else "")
@@ -56,14 +61,15 @@ def comparability(cur, base) -> list[str]:
     changed = sorted(n for n in set(w_cur) & set(w_base) if w_cur[n] != w_base[n])
     for n in changed:
         reasons.append(f"shape of {n} differs: {w_base[n]} in the baseline, {w_cur[n]} now")
-    k_cur = set(cur.tables["kernel_summary"]["kernel_short"])
-    k_base = set(base.tables["kernel_summary"]["kernel_short"])
+    # Kernels are the demangled names (what compare.sql joins on), quoted by their short names.
+    short = {**_short_names(base), **_short_names(cur)}
+    k_cur, k_base = set(_short_names(cur)), set(_short_names(base))
     if k_cur != k_base:
         parts = []
         if k_base - k_cur:
-            parts.append(f"{len(k_base - k_cur)} only in the baseline: {_names(k_base - k_cur)}")
+            parts.append(f"{len(k_base - k_cur)} only in the baseline: {_names(short[k] for k in k_base - k_cur)}")
         if k_cur - k_base:
-            parts.append(f"{len(k_cur - k_base)} only now: {_names(k_cur - k_base)}")
+            parts.append(f"{len(k_cur - k_base)} only now: {_names(short[k] for k in k_cur - k_base)}")
         reasons.append("kernel sets differ (" + "; ".join(parts) + ")")
     return reasons
 

@@ -100,6 +100,48 @@ def to_long(text: str, range_name: str, repeat: int, metrics=METRICS) -> tuple[l
     return out, notes
 
 
+_INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
+def _integer(text: str, column: str, line: int, path, empty_ok: bool) -> int | None:
+    t = text.strip()
+    if t == "" and empty_ok:
+        return None
+    try:
+        v = int(t)
+    except ValueError:
+        v = None
+    if v is None or not _INT64[0] <= v <= _INT64[1]:
+        raise NcuCsvError(f"{path}: line {line}: {column} {text[:40]!r} is not a 64-bit integer"
+                          f"{' (or empty)' if empty_ok else ''}")
+    return v
+
+
+def read_long(path) -> list[tuple]:
+    """The rows of a long-format ``ncu.csv``, read back exactly (text cells as written, no spreadsheet
+    neutralising: the analyzer joins on them). ``instance`` is an integer or empty, ``launch`` an integer, both
+    within int64; ``value`` a number or None (``n/a``). NcuCsvError (one line naming the file and line) else."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, ValueError, csv.Error) as e:
+        raise NcuCsvError(f"{path}: not a readable ncu.csv ({str(e).splitlines()[0][:160]})") from None
+    if not rows or tuple(rows[0][:len(LONG_COLUMNS)]) != LONG_COLUMNS:
+        raise NcuCsvError(f"{path}: ncu.csv columns are {rows[0] if rows else []}, expected {list(LONG_COLUMNS)}")
+    out = []
+    for line, r in enumerate(rows[1:], start=2):
+        if not r:
+            continue
+        if len(r) < len(LONG_COLUMNS):
+            raise NcuCsvError(f"{path}: line {line}: {len(r)} fields, expected {len(LONG_COLUMNS)}")
+        rng, instance, kernel, launch, metric, unit, value = r[:len(LONG_COLUMNS)]
+        v = number(value)
+        out.append((rng, _integer(instance, "instance", line, path, True), kernel,
+                    _integer(launch, "launch", line, path, False), metric, unit,
+                    float(v) if isinstance(v, (int, float)) else None))
+    return out
+
+
 def write_long(path, rows) -> None:
     path = pathlib.Path(path)
     tmp = path.with_name(f".{path.name}.tmp")

@@ -7,40 +7,55 @@ META_DATA_CAPTURE's ENVIRONMENT_VARIABLE rows) is never read by the analyzer, so
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 
 import jinja2
+import markupsafe
 import pandas as pd
 
-from pipelines import timeline
+from pipelines import datafiles, swap, timeline
+from pipelines.runs import ENV_ALLOWED
+from rlkernel import textsafe
 
-TEMPLATE_DIR = pathlib.Path(__file__).resolve().parent.parent / "reports_templates"
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
-ENV_ALLOWED = re.compile(r"^(CUDA_VISIBLE_DEVICES|NVIDIA_VISIBLE_DEVICES|TORCH_CUDA_ARCH_LIST|CUDA_LAUNCH_BLOCKING"
-                         r"|RLKERNEL_[A-Z0-9_]+)$")
 VERDICT_ORDER = ("fallback", "mixed", "no-gpu-work", "native", "fused")
 
 
 def _template_dir() -> pathlib.Path:
-    if TEMPLATE_DIR.is_dir():
-        return TEMPLATE_DIR
-    import importlib.resources
+    return datafiles.folder("reports_templates")
 
-    return pathlib.Path(str(importlib.resources.files("reports_templates")))
+
+def _visible(v):
+    return textsafe.visible(v) if isinstance(v, str) and not isinstance(v, markupsafe.Markup) else v
 
 
 def environment() -> jinja2.Environment:
+    # finalize: every string a template prints shows its control characters visibly (textsafe.visible), then
+    # autoescape escapes it
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_template_dir())), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             finalize=_visible)
     env.filters["ns"] = fmt_ns
     env.filters["num"] = fmt_num
+    env.filters["code_spans"] = code_spans
     return env
+
+
+def code_spans(text) -> markupsafe.Markup:
+    """Markdown-style `code` spans of a provenance note as <code>; everything escaped, control characters
+    shown. Unbalanced backticks are left as they are."""
+    parts = str(text).split("`")
+    if len(parts) % 2 == 0:
+        return markupsafe.escape(textsafe.visible(str(text)))
+    return markupsafe.Markup("").join(
+        markupsafe.Markup("<code>{}</code>").format(textsafe.visible(p)) if i % 2 else
+        markupsafe.escape(textsafe.visible(p)) for i, p in enumerate(parts))
 
 
 def fmt_ns(v) -> str:
@@ -66,9 +81,23 @@ def fmt_num(v) -> str:
 
 
 def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
+    """The table as CSV, text cells neutralised for spreadsheets (rlkernel.textsafe.to_spreadsheet)."""
     buf = io.StringIO()
-    df.reindex(columns=columns).to_csv(buf, index=False)
+    d = df.reindex(columns=columns)
+    for c in d.columns:
+        if d[c].dtype == object or pd.api.types.is_string_dtype(d[c]):
+            d[c] = d[c].map(textsafe.to_spreadsheet)
+        elif _integral_floats(d[c]):
+            d[c] = d[c].astype("Int64")  # a count with NULLs comes out of DuckDB as float: 30, not 30.0
+    d.to_csv(buf, index=False)
     return buf.getvalue().encode()
+
+
+def _integral_floats(col: pd.Series) -> bool:
+    if not pd.api.types.is_float_dtype(col):
+        return False
+    v = col.dropna()
+    return bool(len(v)) and bool(((v % 1 == 0) & (v.abs() < 2 ** 53)).all())
 
 
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
@@ -85,6 +114,19 @@ class OutputError(Exception):
 def check_target(out_dir: pathlib.Path) -> None:
     """Raise OutputError unless ``out_dir`` can be replaced by a new report: absent, or a directory holding
     only the analyzer's own outputs, below directories, and not the current directory or one above it."""
+    try:
+        _check_target(out_dir)
+    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a parent we cannot search
+        raise OutputError(f"{out_dir}: cannot use it as the output directory ({e.strerror or e})") from None
+
+
+def _tmp_prefix(out: pathlib.Path, kind: str) -> str:
+    """The name prefix of ``out``'s temporary siblings, ``.<name>.<kind>-``: the name cut to 64 bytes so that a
+    name of up to 255 bytes still gives a temporary name the file system takes."""
+    return f".{os.fsdecode(os.fsencode(out.name)[:64])}.{kind}-"
+
+
+def _check_target(out_dir: pathlib.Path) -> None:
     out = pathlib.Path(os.path.abspath(out_dir))
     for p in (out, *out.parents):
         if p.exists() and not p.is_dir():
@@ -93,6 +135,7 @@ def check_target(out_dir: pathlib.Path) -> None:
     if out.resolve() == cwd or out.resolve() in cwd.parents:
         raise OutputError(f"{out_dir}: the current directory or one above it; the report replaces its output "
                           "directory as a whole, so give a directory of its own")
+    _check_writable(out, out_dir)
     if out.is_dir():
         try:
             foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUT_NAMES or not p.is_file())
@@ -104,11 +147,26 @@ def check_target(out_dir: pathlib.Path) -> None:
                               "replaces its output directory as a whole, so give an empty or new directory")
 
 
-def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.Path]:
-    """Write the whole output set into a temporary sibling directory, then swap it in for ``out_dir``: a reader
-    sees the previous complete set or the new one, never a mix (no compare.csv of an earlier --compare next to
-    a newer report), and a failure leaves the previous set (or, at worst, a crash between the two renames, none).
-    ``check_target`` first: a directory holding anything but reports is never replaced."""
+def _check_writable(out: pathlib.Path, out_dir: pathlib.Path) -> None:
+    """The report goes into a temporary sibling of ``out`` first: check that the nearest existing directory
+    (``out``'s parent, or the first one above it that exists) takes a new entry, by making and removing one
+    (permission bits do not say it for root, a read-only mount, an immutable directory)."""
+    where = next(p for p in out.parents if p.exists())
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=_tmp_prefix(out, "new"), dir=where))
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot write there ({where}: {e.strerror or e}); choose a writable "
+                          "directory for the report with --out DIR") from None
+
+
+def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes], on_wait=None) -> list[pathlib.Path]:
+    """Write the whole output set into a temporary sibling directory, then swap it in for ``out_dir``: at every
+    instant a reader (and a ``kill -9``) finds the previous complete set or the new one, never a mix and never
+    none. ``check_target`` first: a directory holding anything but reports is never replaced.
+
+    One writer at a time per parent directory (a lock on it; ``on_wait()`` when another run holds it), so two
+    runs on one directory both finish and the last one's set stays. Under the lock, the temporaries a killed
+    run left (``.<name>.new-*``, ``.<name>.old-*``) are removed first."""
     check_target(out_dir)
     out = pathlib.Path(os.path.abspath(out_dir))
     if out.is_symlink():
@@ -117,33 +175,72 @@ def replace_dir(out_dir: pathlib.Path, files: dict[str, bytes]) -> list[pathlib.
     os.umask(umask)  # mkdtemp makes a 0700 directory; reports get the usual modes
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     except OSError as e:
         raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
-    old = None
+    with swap.locked(out.parent, on_wait):
+        clean_stale(out)
+        check_target(out_dir)  # again: another run may have written it while this one waited
+        _write_and_switch(out, out_dir, files, umask)
+    return [pathlib.Path(out_dir) / name for name in files]
+
+
+def clean_stale(out: pathlib.Path) -> None:
+    """Remove the temporary siblings of ``out`` that a killed run left. An ``.old-*`` is a whole previous set
+    moved aside by the two-rename fallback: where ``out`` is missing (killed between the renames) the newest
+    one is put back first."""
     try:
-        for name, data in files.items():
+        stale = sorted((p for p in out.parent.iterdir() if p.name.startswith((_tmp_prefix(out, "new"),
+                                                                             _tmp_prefix(out, "old")))),
+                       key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return
+    olds = [p for p in stale if p.name.startswith(_tmp_prefix(out, "old"))]
+    if olds and not os.path.lexists(out):
+        with contextlib.suppress(OSError):
+            os.rename(olds[-1], out)
+            stale.remove(olds[-1])
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _write_and_switch(out: pathlib.Path, out_dir: pathlib.Path, files: dict[str, bytes], umask: int) -> None:
+    try:
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=_tmp_prefix(out, "new"), dir=out.parent))
+    except OSError as e:
+        raise OutputError(f"{out_dir}: cannot create it ({e.strerror})") from None
+    try:
+        for i, (name, data) in enumerate(files.items()):
             (tmp / name).write_bytes(data)
+            if i == 0:
+                swap.pause_for_test("writing")
         os.chmod(tmp, 0o777 & ~umask)
-        if out.exists():
-            old = tmp.with_name(tmp.name.replace(".new-", ".old-", 1))
-            os.rename(out, old)
-        try:
-            os.rename(tmp, out)
-        except BaseException:
-            if old is not None:
-                os.rename(old, out)
-                old = None
-            raise
+        swap.pause_for_test("switch")
+        if not out.exists():
+            os.rename(tmp, out)  # atomic: nothing there yet
+        elif not swap.exchange(tmp, out):
+            _rename_over(tmp, out)
+        # tmp now holds the previous set (or nothing)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OutputError(f"{out_dir}: cannot write the report ({e.strerror or e})") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return [pathlib.Path(out_dir) / name for name in files]
+    swap.pause_for_test("cleanup")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rename_over(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    """Where no atomic exchange exists: the old set moves aside, the new one in. A kill between the two leaves
+    the old set as ``.<name>.old-*``, which the next run's ``clean_stale`` puts back."""
+    old = tmp.with_name(_tmp_prefix(out, "old") + tmp.name[len(_tmp_prefix(out, "new")):])
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    os.rename(old, tmp)  # the caller removes tmp
 
 
 def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS) -> dict:
@@ -159,7 +256,9 @@ def bar_chart(df: pd.DataFrame | None, label: str, value: str, title: str | None
     (one short name, several template instances) get [2], [3]...; the full name is the bar's tooltip."""
     if df is None or df.empty:
         return []
-    d = df.sort_values(value, ascending=False)
+    d = df[df[value] > 0].sort_values(value, ascending=False)  # no zero-length bars
+    if d.empty:
+        return []
     head, rest = d.head(top), d.iloc[top:]
     bars, seen = [], {}
     for _, r in head.iterrows():
@@ -209,8 +308,9 @@ def env_block(result) -> list[tuple[str, str]]:
             rows.append((name, str(t["version"])))
     if meta.get("EXPORT_PRODUCT_VERSION"):
         rows.append(("exported by", f"{meta.get('EXPORT_PRODUCT_NAME', 'nsys')} {meta['EXPORT_PRODUCT_VERSION']}"))
+    shown = {label for label, _ in rows}
     for k, v in sorted((m.get("env") or {}).items()):
-        if ENV_ALLOWED.match(k):
+        if k in ENV_ALLOWED and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
             rows.append((k, str(v)))
     return rows
 
@@ -223,10 +323,12 @@ def provenance(result) -> dict:
     out = {
         "recorded_at": p.get("recorded_at") or m.get("created_at") or result.meta.get("EXPORT_TIME_UTC") or "unknown",
         "where": p.get("where") or p.get("gpu") or (gpus[0]["name"] if gpus else ""),
-        "note": p.get("note", ""),
+        "note": str(p.get("note", "")).rstrip().rstrip("."),  # the template ends the sentence
         "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
     }
-    return out
+    # A run's command holds the user's absolute paths (interpreter, --output-dir): shown as the stripped
+    # fixtures show them, <path>/<basename>.
+    return {k: textsafe.scrub_paths(str(v)) for k, v in out.items()}
 
 
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],

@@ -6,22 +6,20 @@ every other file is one SELECT whose user-supplied values arrive as DuckDB param
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import pathlib
 import re
 from collections.abc import Callable
 
 import duckdb
 
+from pipelines import datafiles
+
 STAGES = ("stage_gpu_ops", "stage_ranges", "stage_range_tree", "stage_host_syncs", "stage_range_ops",
           "stage_range_instances")
 
 
 def _query_dir() -> pathlib.Path:
-    here = pathlib.Path(__file__).resolve().parent.parent / "queries"
-    if here.is_dir():
-        return here
-    return pathlib.Path(str(importlib.resources.files("queries")))  # installed as a data package
+    return datafiles.folder("queries")
 
 
 @functools.cache

@@ -15,6 +15,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import shutil
+import tempfile
 
 import duckdb
 
@@ -106,22 +108,31 @@ def check_sqlite_file(path: pathlib.Path) -> None:
         raise TraceError(f"{path}: truncated SQLite file ({size} bytes, its header says {page * pages})")
 
 
-class Trace:
-    """One export loaded into DuckDB temp tables ``src_<table>``; ``tables`` says which were present."""
+def wal_mode(path: pathlib.Path) -> bool:
+    """The file's header says WAL journal mode (write/read format versions 2)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    return head[18:20] != b"\x01\x01"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: pathlib.Path):
+
+class Trace:
+    """One export loaded into DuckDB temp tables ``src_<table>``; ``tables`` says which were present.
+    ``scan`` is the file actually scanned (a private copy of a WAL-mode export), ``path`` the one named."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: pathlib.Path, scan: pathlib.Path | None = None):
         self.con = con
         self.path = path
+        self.scan = scan or path
         self.tables: set[str] = set()
         self.load()
 
     def load(self) -> None:
-        p = str(self.path)
+        p = str(self.scan)
         try:
             present = {r[0] for r in self.con.execute(
                 "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
         except duckdb.Error as e:
-            raise TraceError(f"{self.path}: cannot read as SQLite ({_first_line(e)})") from None
+            raise TraceError(f"{self.path}: cannot read as SQLite ({first_line(e)})") from None
         missing = [t for t in REQUIRED if t not in present]
         if missing or not any(m in present for m in NSYS_MARKERS):
             raise TraceError(f"{self.path}: not an nsys export (no {', '.join(missing or NSYS_MARKERS)} table)")
@@ -129,14 +140,14 @@ class Trace:
             self._copy(table, cols, table in present)
 
     def _copy(self, table: str, cols: dict[str, str], present: bool) -> None:
-        p = str(self.path)
+        p = str(self.scan)
         have: set[str] = set()
         if present:
             try:
                 have = {r[0] for r in self.con.execute(f"DESCRIBE SELECT * FROM sqlite_scan(?, '{table}')", [p])
                         .fetchall()}
             except duckdb.Error as e:
-                raise TraceError(f"{self.path}: table {table} unreadable ({_first_line(e)})") from None
+                raise TraceError(f"{self.path}: table {table} unreadable ({first_line(e)})") from None
         select = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' if c in have else f'CAST(NULL AS {t}) AS "{c}"'
                            for c, t in cols.items())
         # Table and column names come from SCHEMA above (constants), the path is a bound parameter.
@@ -145,7 +156,11 @@ class Trace:
         try:
             self.con.execute(sql, [p] if present else [])
         except duckdb.Error as e:
-            raise TraceError(f"{self.path}: table {table} unreadable ({_first_line(e)})") from None
+            raise TraceError(f"{self.path}: table {table} unreadable ({first_line(e)})") from None
+        except UnicodeDecodeError:
+            # A BLOB that is not UTF-8 in a text column: the scanner's own error message carries the raw bytes,
+            # which the Python binding cannot decode. Invalid bytes stored as TEXT get the scanner's error.
+            raise TraceError(f"{self.path}: table {table} unreadable (a text value that is not UTF-8)") from None
         if present:
             self.tables.add(table)
 
@@ -168,7 +183,7 @@ def empty_sources(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(f"CREATE OR REPLACE TEMP TABLE src_{table} ({body})")
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
 
@@ -176,4 +191,20 @@ def _first_line(e: Exception) -> str:
 def open_trace(path: pathlib.Path, con: duckdb.DuckDBPyConnection | None = None) -> Trace:
     path = pathlib.Path(path)
     check_sqlite_file(path)
-    return Trace(con or connect(), path)
+    if not wal_mode(path):
+        return Trace(con or connect(), path)
+    # SQLite opens a WAL-mode database, even read-only, by creating <file>-wal and <file>-shm beside it (and fails
+    # where that directory is read-only), and the scanner takes no `immutable` URI. Scan a private copy instead,
+    # with its -wal when one lies beside it (rows not yet checkpointed live there); the tables are copied into
+    # DuckDB on load, so the copy goes right after. nsys itself never writes WAL-mode exports.
+    with tempfile.TemporaryDirectory(prefix="rlkernel-wal-") as d:
+        copy = pathlib.Path(d) / "trace.sqlite"
+        try:
+            shutil.copyfile(path, copy)
+            wal = path.with_name(path.name + "-wal")
+            if wal.is_file():
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
+        except OSError as e:
+            raise TraceError(f"{path}: a WAL-mode SQLite file, and copying it to read it failed "
+                             f"({e.strerror or e})") from None
+        return Trace(con or connect(), path, scan=copy)

@@ -1,7 +1,6 @@
 """The one cached loader of the CUDA extension ``rlkernel._C`` (built by ``python setup.py build_ext --inplace``)."""
 from __future__ import annotations
 
-import functools
 import importlib
 
 
@@ -13,8 +12,18 @@ class ExtensionNotBuilt(ImportError):
         self.reason = reason
 
 
-@functools.lru_cache(maxsize=1)
+_loaded: tuple | None = None  # (module or None, reason or None), set once: plain data that torch.compile can read
+_ops: dict[str, bool] = {}
+
+
 def _try_load():
+    global _loaded
+    if _loaded is None:
+        _loaded = _load_once()
+    return _loaded
+
+
+def _load_once():
     try:
         module = importlib.import_module("rlkernel._C")  # importing registers torch.ops.rlkernel.*
     except ImportError as exc:
@@ -38,9 +47,16 @@ def unavailable_reason() -> str | None:
     return _try_load()[1]
 
 
-@functools.cache  # asked on every fused call; what a loaded library registered never changes
 def has_op(name: str) -> bool:
-    """Whether the loaded extension registered ``torch.ops.rlkernel.<name>*`` (e.g. ``logp``, ``sample``)."""
+    """Whether the loaded extension registered ``torch.ops.rlkernel.<name>*`` (e.g. ``logp``, ``sample``); what a
+    loaded library registered never changes, so the answer is kept."""
+    known = _ops.get(name)
+    if known is None:
+        known = _ops[name] = _has_op(name)
+    return known
+
+
+def _has_op(name: str) -> bool:
     if _try_load()[0] is None:
         return False
     import torch

@@ -22,10 +22,31 @@ def fail(prog: str, message: str, code: int) -> int:
     return code
 
 
+# capture's and the profile suite's --output-dir is a parent folder (analyze's --out is the report folder itself)
+OUTPUT_DIR_HINTS = {f: "did you mean --output-dir? it names the parent folder new results go into"
+                    for f in ("--outdir", "--out-dir", "--output-directory", "--outputdir")}
+
+
 class OneLineParser(argparse.ArgumentParser):
     """``error`` raises ``CliError(..., EXIT_USAGE)`` instead of printing argparse's usage block and exiting;
     the CLI's main turns it into one line on stderr. An unknown ``--option`` is named even when a required
-    option is also missing (argparse would only name the missing one)."""
+    option is also missing (argparse would only name the missing one), with the right one where it is a near
+    miss: ``hints`` maps a wrong flag to its answer (``--output-dir`` -> "did you mean --out? ..."), else the
+    closest known option is named."""
+
+    def __init__(self, *args, hints: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hints = dict(hints or {})
+
+    def _unknown(self, arg: str, known: list[str]):
+        import difflib
+
+        name = arg.split("=", 1)[0]
+        hint = self.hints.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]}?" if close else None
+        self.error(f"unrecognized arguments: {arg}" + (f" ({hint})" if hint else ""))
 
     def error(self, message):
         raise CliError(f"{message} (see --help)", EXIT_USAGE)
@@ -39,5 +60,5 @@ class OneLineParser(argparse.ArgumentParser):
             if a.startswith("--"):
                 name = a.split("=", 1)[0]
                 if not any(k == name or (self.allow_abbrev and k.startswith(name)) for k in known):
-                    self.error(f"unrecognized arguments: {a}")
+                    self._unknown(a, [k for k in known if k.startswith("--")])
         return super().parse_args(argv, namespace)

@@ -7,13 +7,14 @@ re-derive them.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 from collections import Counter
-from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
+
+from rlkernel import envflags
 
 OPS = ("logp.forward", "logp.backward", "sample")
 BACKENDS = ("auto", "fused", "native")
@@ -34,8 +35,7 @@ class FallbackWarning(UserWarning):
     """backend="auto" wanted the fused path and ran native instead (said once per op and reason)."""
 
 
-@dataclass(frozen=True)
-class Dispatch:
+class Dispatch(NamedTuple):  # a tuple of strings: torch.compile'd code can build and store one
     op: str
     requested: str
     backend: str
@@ -47,36 +47,63 @@ _lock = threading.Lock()
 _history: Counter = Counter()
 _recorders: list[Counter] = []
 _warned: set[tuple[str, str]] = set()
+# Calls made from torch.compile'd code: the decision is taken when dynamo traces, and each call's record is appended
+# here by the compiled frame itself (dynamo replays a list append of constants; a lock or a
+# Counter would break the graph). history() and recording() fold them in.
+_compiled: list[Dispatch] = []
+# (op, backend, require_fused, strict, device type, dtype) -> (record, error message or None): a decision depends on
+# nothing else (the extension loads once), so each call after the first is a dict lookup.
+_decisions: dict[tuple, tuple[Dispatch, str | None]] = {}
+
+
+def _fold_compiled() -> None:
+    """Move the compiled calls' records into the history and the open recordings (called with _lock held)."""
+    while _compiled:
+        rec = _compiled.pop()
+        _history[rec] += 1
+        for counter in _recorders:
+            counter[rec] += 1
 
 
 def record(op: str, requested: str, backend: str, status: str, reason: str = "") -> Dispatch:
     """Store one call's record in the process history and in every open ``recording()`` block."""
     rec = Dispatch(op, requested, backend, status, reason)
+    if torch.compiler.is_compiling():
+        _compiled.append(rec)
+        return rec
+    return _count(rec)
+
+
+def _count(rec: Dispatch) -> Dispatch:
     with _lock:
+        if _compiled:
+            _fold_compiled()
         _history[rec] += 1
         for counter in _recorders:
             counter[rec] += 1
-        first_warning = status == "fallback" and (op, reason) not in _warned
+        first_warning = rec.status == "fallback" and (rec.op, rec.reason) not in _warned
         if first_warning:
-            _warned.add((op, reason))
+            _warned.add((rec.op, rec.reason))
     if first_warning:
-        warnings.warn(f"rlkernel {op}: fused path unavailable ({reason}); running native", FallbackWarning,
+        warnings.warn(f"rlkernel {rec.op}: fused path unavailable ({rec.reason}); running native", FallbackWarning,
                       stacklevel=4)
     return rec
 
 
 def history() -> list[tuple[Dispatch, int]]:
     with _lock:
+        _fold_compiled()
         return list(_history.items())
 
 
 def history_json() -> list[dict]:
     """The history in the form written into manifests and reports."""
-    return [dict(asdict(rec), count=n) for rec, n in history()]
+    return [dict(rec._asdict(), count=n) for rec, n in history()]
 
 
 def reset() -> None:
     with _lock:
+        _compiled.clear()
         _history.clear()
         _warned.clear()
 
@@ -87,10 +114,12 @@ class Recording:
 
     @property
     def records(self) -> list[tuple[Dispatch, int]]:
+        with _lock:
+            _fold_compiled()
         return list(self._counter.items())
 
     def statuses(self, op: str | None = None) -> set[str]:
-        return {r.status for r in self._counter if op is None or r.op == op}
+        return {r.status for r, _ in self.records if op is None or r.op == op}
 
 
 @contextlib.contextmanager
@@ -98,11 +127,13 @@ def recording():
     """Collect the records of one block: ``with recording() as rec: ...; rec.records``."""
     rec = Recording()
     with _lock:
+        _fold_compiled()  # earlier compiled calls belong to no block opened now
         _recorders.append(rec._counter)
     try:
         yield rec
     finally:
         with _lock:  # by identity: list.remove would match another block's Counter that compares equal
+            _fold_compiled()
             for i, counter in enumerate(_recorders):
                 if counter is rec._counter:
                     del _recorders[i]
@@ -116,7 +147,15 @@ def worst(statuses) -> str | None:
 
 
 def strict_from_env() -> bool:
-    return os.environ.get("RLKERNEL_REQUIRE_FUSED", "") not in ("", "0")
+    """RLKERNEL_REQUIRE_FUSED as a boolean (rlkernel.envflags: 1/true/yes/on, 0/false/no/off, unset = False)."""
+    if torch.compiler.is_compiling():
+        return _strict_for_trace()
+    return envflags.env_bool("RLKERNEL_REQUIRE_FUSED")
+
+
+@torch.compiler.assume_constant_result
+def _strict_for_trace() -> bool:  # read when torch.compile traces: a compiled graph bakes the decision in
+    return envflags.env_bool("RLKERNEL_REQUIRE_FUSED")
 
 
 def fused_unavailable_reason(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -135,19 +174,54 @@ def fused_unavailable_reason(op: str, device: torch.device, dtype: torch.dtype) 
     return None
 
 
+def _decide(op, backend, require_fused, strict_env, device_type, dtype) -> tuple[Dispatch, str | None]:
+    if backend == "native":
+        return Dispatch(op, backend, "native", "native"), None
+    reason = fused_unavailable_reason(op, torch.device(device_type), dtype)
+    if reason is None:
+        return Dispatch(op, backend, "fused", "fused"), None
+    if backend == "fused" or require_fused or strict_env:
+        return (Dispatch(op, backend, "none", "blocked", reason),
+                f"{op}: fused path required but unavailable: {reason}")
+    return Dispatch(op, backend, "native", "fallback", reason), None
+
+
+@torch.compiler.assume_constant_result
+def _decide_for_trace(op, backend, require_fused, strict_env, device_type, dtype) -> tuple:
+    """The decision as constants (backend, status, reason, error), taken once when torch.compile traces."""
+    rec, error = _decide(op, backend, require_fused, strict_env, device_type, dtype)
+    return rec.backend, rec.status, rec.reason, error
+
+
 def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype) -> Dispatch:
-    """Decide and record the path of one call. Raises FusedKernelUnavailable (recorded `blocked`) before any work."""
+    """Decide and record the path of one call. Raises FusedKernelUnavailable (recorded `blocked`) before any work.
+
+    In code compiled by torch.compile the decision is the trace's, and the compiled code records it at every call."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "native":
-        if require_fused:
-            raise ValueError('backend="native" contradicts require_fused=True')
-        return record(op, backend, "native", "native")
-    strict = backend == "fused" or require_fused or strict_from_env()
-    reason = fused_unavailable_reason(op, device, dtype)
-    if reason is None:
-        return record(op, backend, "fused", "fused")
-    if strict:
-        record(op, backend, "none", "blocked", reason)
-        raise FusedKernelUnavailable(f"{op}: fused path required but unavailable: {reason}")
-    return record(op, backend, "native", "fallback", reason)
+    if backend == "native" and require_fused:
+        raise ValueError('backend="native" contradicts require_fused=True')
+    if torch.compiler.is_compiling():
+        ran, status, reason, error = _decide_for_trace(op, backend, bool(require_fused), strict_from_env(),
+                                                       device.type, dtype)
+        if error is not None:
+            raise FusedKernelUnavailable(error)
+        rec = Dispatch(op, backend, ran, status, reason)
+        _compiled.append(rec)
+        return rec
+    # RLKERNEL_REQUIRE_FUSED matters only where the fused path cannot run: the common fused and native calls skip
+    # reading the environment (a per-call cost a loop pays).
+    key = (op, backend, bool(require_fused), False, device.type, dtype)
+    decision = _decisions.get(key)
+    if decision is None:
+        decision = _decisions[key] = _decide(*key)
+    if decision[0].status == "fallback" and strict_from_env():
+        key = key[:3] + (True,) + key[4:]
+        decision = _decisions.get(key)
+        if decision is None:
+            decision = _decisions[key] = _decide(*key)
+    rec, error = decision
+    _count(rec)
+    if error is not None:
+        raise FusedKernelUnavailable(error)
+    return rec

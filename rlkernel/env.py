@@ -102,6 +102,24 @@ def device_record(index: int | None = None) -> dict:
     return cpu_device() if index == -1 else devices[0]
 
 
+def device_line(d: dict) -> str:
+    """One device of ``python -m rlkernel.env``'s text form: only the fields this device has (the CPU entry has no
+    compute capability, SM count, memory size or bandwidth)."""
+    where = f"device {d['index']:>2}"
+    if d.get("physical_index") is not None:
+        where += f" (physical {d['physical_index']})"
+    parts = [d["name"], d["architecture"], d["backend"]]
+    if d.get("compute_capability"):
+        parts.append(f"cc {d['compute_capability']}")
+    if d.get("sm_count"):
+        parts.append(f"{d['sm_count']} SMs")
+    if d.get("memory_bytes"):
+        parts.append(f"{d['memory_bytes'] / 2**30:.1f} GiB")
+    if d.get("memory_bandwidth_bytes_per_s"):
+        parts.append(f"{d['memory_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s")
+    return f"{where}: " + " | ".join(map(str, parts))
+
+
 def main(argv=None) -> int:
 
     from rlkernel.cli import CliError, OneLineParser
@@ -118,14 +136,12 @@ def main(argv=None) -> int:
         print(json.dumps(rec, indent=2))
         return 0
     for key in ("python", "torch", "cuda_runtime", "hip", "driver", "device_count", "cuda_visible_devices"):
-        print(f"{key:22} {rec[key]}")
+        if rec[key] is not None:  # a CPU node has no CUDA runtime, driver, ...: say nothing rather than "None"
+            print(f"{key:22} {rec[key]}")
     ext = rec["extension"]
     print(f"{'extension':22} {'built for ' + ','.join(ext['archs']) if ext['built'] else ext['reason']}")
     for d in rec["devices"]:
-        bw = d["memory_bandwidth_bytes_per_s"]
-        print(f"device {d['index']:>2} (physical {d['physical_index']}): {d['name']} | {d['architecture']} | "
-              f"{d['backend']} | cc {d['compute_capability']} | {d['sm_count']} SMs | "
-              f"{(d['memory_bytes'] or 0) / 2**30:.1f} GiB | {bw / 1e12 if bw else float('nan'):.2f} TB/s")
+        print(device_line(d))
     return 0
 
 

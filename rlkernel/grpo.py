@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import rlkernel
 from rlkernel import dispatch
-from rlkernel.workloads import DTYPES
+from rlkernel.numerics import DTYPES, LOGP_TOLERANCE
 
 EOS = 0  # token id that ends a completion; later tokens are masked out of the loss
 IGNORE = -100  # ignore_index handed to rlkernel.logp for masked positions
@@ -202,6 +202,21 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
                    group_advantages(rewards, cfg.samples_per_prompt), rec.records)
 
 
+@dataclass
+class LossTerms:
+    """What ``Trainer.loss_terms`` computes: the loss and the tensors ``train_step`` reports from."""
+    loss: torch.Tensor
+    policy_loss: torch.Tensor
+    kl: torch.Tensor
+    lp: torch.Tensor  # (B, C) float32 policy log-probs (0 at masked positions)
+    logits: torch.Tensor  # (B * C, V) the policy's logits
+    ids: torch.Tensor  # (B, C) completion ids, IGNORE at masked positions
+    ratio: torch.Tensor
+    adv: torch.Tensor
+    clipped: torch.Tensor
+    d: torch.Tensor  # ref - lp
+
+
 class Trainer:
     """A policy, its frozen reference copy and an optimizer; ``train_step`` runs one GRPO update on a rollout."""
 
@@ -223,28 +238,37 @@ class Trainer:
                            backend=self.logp_backend, require_fused=self.require_fused)
         return lp.view(ids.shape), logits
 
-    def train_step(self, ro: Rollout, *, measure_native: bool = False) -> StepResult:
+    def loss_terms(self, ro: Rollout) -> LossTerms:
+        """The GRPO loss of the policy on a fixed rollout, forward only: no optimizer step, no host sync (a CUDA
+        graph can capture it with its backward)."""
         cfg, mask = self.cfg, ro.mask
         ids = torch.where(mask, ro.completions, torch.full_like(ro.completions, IGNORE))
         zero = torch.zeros((), device=self.device)
         # masked positions: logp gives 0 there, so old/ref are zeroed too (no exp overflow from a masked token)
         old = torch.where(mask, ro.sampler_logp, zero)
+        with torch.no_grad():
+            ref = self._logp(self.reference, ro, ids)[0]
+        lp, logits = self._logp(self.policy, ro, ids)
+        ratio = torch.exp(lp - old)
+        adv = ro.advantages.unsqueeze(1)
+        clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
+        policy_tok = -torch.minimum(ratio * adv, clipped * adv)
+        d = ref - lp
+        kl_tok = torch.exp(d) - d - 1  # k3 estimator of KL(policy || reference): >= 0, unbiased
+        m = mask.float()
+        n = m.sum(1)
+        # per-sequence masked mean over completion tokens, then the mean over sequences (GRPO)
+        policy_loss = ((policy_tok * m).sum(1) / n).mean()
+        kl = ((kl_tok * m).sum(1) / n).mean()
+        return LossTerms(policy_loss + cfg.beta * kl, policy_loss, kl, lp, logits, ids, ratio, adv, clipped, d)
+
+    def train_step(self, ro: Rollout, *, measure_native: bool = False) -> StepResult:
+        cfg, mask = self.cfg, ro.mask
+        zero = torch.zeros((), device=self.device)
         with dispatch.recording() as rec:  # the training step's own records (forward, backward)
-            with torch.no_grad():
-                ref = self._logp(self.reference, ro, ids)[0]
-            lp, logits = self._logp(self.policy, ro, ids)
-            ratio = torch.exp(lp - old)
-            adv = ro.advantages.unsqueeze(1)
-            clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
-            policy_tok = -torch.minimum(ratio * adv, clipped * adv)
-            d = ref - lp
-            kl_tok = torch.exp(d) - d - 1  # k3 estimator of KL(policy || reference): >= 0, unbiased
-            m = mask.float()
-            n = m.sum(1)
-            # per-sequence masked mean over completion tokens, then the mean over sequences (GRPO)
-            policy_loss = ((policy_tok * m).sum(1) / n).mean()
-            kl = ((kl_tok * m).sum(1) / n).mean()
-            loss = policy_loss + cfg.beta * kl
+            t = self.loss_terms(ro)
+            loss, policy_loss, kl, lp, logits, ids = t.loss, t.policy_loss, t.kl, t.lp, t.logits, t.ids
+            ratio, adv, clipped, d = t.ratio, t.adv, t.clipped, t.d
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()  # through rlkernel.logp's backward (the fused kernel when logp.forward ran fused)
             self.optimizer.step()
@@ -264,11 +288,13 @@ class Trainer:
                                     ignore_index=IGNORE, backend="native").view(ids.shape)
                 delta = float((lp.detach() - nat).abs()[mask].max())
                 scale = float(logits.detach().abs().max()) / cfg.logp_temperature + math.log(cfg.vocab_size)
-        return StepResult(float(loss.detach()), float(policy_loss.detach()), float(kl.detach()),
+        result = StepResult(float(loss.detach()), float(policy_loss.detach()), float(kl.detach()),
                           float(ro.rewards.mean()),
                           _status(records, "logp.forward"), _status(records, "logp.backward"),
                           _status(ro.sample_records, "sample"), float(gap), float(grad_weight), float(max_abs_lp),
                           records, delta, scale)
+        rlkernel.check_errors(self.device)  # the step has synchronised already: the device error record costs nothing
+        return result
 
     def step(self) -> StepResult:
         """One full GRPO step: rollout under the current parameters, then one update on it."""
@@ -277,8 +303,6 @@ class Trainer:
 
 def compare_tolerance() -> tuple[float, float]:
     """(atol, rtol) per token between the fused and native logp: the one the logp workloads check against."""
-    from rlkernel.workloads import LOGP_TOLERANCE
-
     return LOGP_TOLERANCE
 
 

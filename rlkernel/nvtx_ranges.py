@@ -24,14 +24,16 @@ class _Range:
     __slots__ = ("_attrs", "_open")
 
     def __init__(self, message: str):
-        attrs = _attributes.get(message)
-        if attrs is None and _domain is not None:
-            attrs = _attributes[message] = _domain.get_event_attributes(message=message)
+        attrs = None
+        if not torch.compiler.is_compiling():  # no range in traced code (and no nvtx call dynamo cannot trace)
+            attrs = _attributes.get(message)
+            if attrs is None and _domain is not None:
+                attrs = _attributes[message] = _domain.get_event_attributes(message=message)
         self._attrs = attrs
         self._open = False
 
     def __enter__(self):
-        if self._attrs is not None and not torch.compiler.is_compiling():
+        if self._attrs is not None:
             _domain.push_range(self._attrs)
             self._open = True
         return self

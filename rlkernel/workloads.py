@@ -12,11 +12,9 @@ from typing import Any
 
 import torch
 
-from rlkernel import dispatch
+from rlkernel import dispatch, errors
+from rlkernel.numerics import DTYPES, LOGP_TOLERANCE  # noqa: F401  (DTYPES: the registry's public name too)
 from rlkernel.nvtx_ranges import workload_range
-
-# The logits dtypes every workload, CLI and example accepts, by the names their --dtype flags take.
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -88,8 +86,11 @@ class Workload:
             return self.step(inputs)
 
     def check(self, inputs: dict) -> str | None:
-        """None, or one line saying how this workload's result differs from the native path on the same inputs."""
-        return self.compare(inputs) if self.compare else None
+        """None, or one line saying how this workload's result differs from the native path on the same inputs.
+        Bad input the repetition met on a CUDA device raises here (the device error record, rlkernel.errors)."""
+        mismatch = self.compare(inputs) if self.compare else None
+        errors.check_errors()  # the comparison has synchronised: reading the record costs one small copy
+        return mismatch
 
     def bytes_moved(self, shape: Shape, dtype: torch.dtype) -> int:
         return int(self.count_bytes(self.effective_shape(shape), dtype))
@@ -195,12 +196,6 @@ def _sample_step(backend):
 
 
 # ---- checks against native on the same inputs ---------------------------------------------------------
-
-# (atol, rtol) of fused vs native log-probs, the same for every logits dtype: both paths upcast the same rounded
-# inputs and accumulate in float32, so they differ only in summation order, a few float32 ulps of the
-# log-sum-exp (|lse| ~ log V + max logit, i.e. ~10-30 here).
-LOGP_TOLERANCE = (1e-4, 1e-5)
-
 
 def _compare_logp(inp) -> str | None:
     from rlkernel import logp

@@ -67,6 +67,17 @@ def test_no_environment_reaches_the_outputs(tmp_path):
     assert "580.159.04" in html and "compute capability 9.0" in html
 
 
+def test_only_the_projects_variables_reach_the_report(tmp_path):
+    # issue 19 item 4: a manifest written before the allow-list was by name may hold any RLKERNEL_* variable
+    run = copy_case(tmp_path, "verdicts")
+    m = json.loads((run / "manifest.json").read_text())
+    m["env"] = {"RLKERNEL_API_TOKEN": SECRET, "RLKERNEL_VALIDATE": "sync"}
+    (run / "manifest.json").write_text(json.dumps(m))
+    rc, out = render(tmp_path, run)
+    html = (out / "report.html").read_text()
+    assert rc == 0 and "RLKERNEL_VALIDATE" in html and "RLKERNEL_API_TOKEN" not in html and SECRET not in html
+
+
 def test_report_is_self_contained(tmp_path):
     rc, out = render(tmp_path, DATA / "verdicts")
     html = (out / "report.html").read_text()
@@ -81,7 +92,7 @@ def test_report_is_self_contained(tmp_path):
 def test_empty_traces_render(tmp_path):
     rc, out = render(tmp_path, DATA / "no_cuda")
     html = (out / "report.html").read_text()
-    assert rc == 0 and "No GPU work in this trace." in html and ":host_work" in html
+    assert rc == 0 and "No kernels in this trace." in html and ":host_work" in html
     rc, out = render(tmp_path, DATA / "no_nvtx")
     html = (out / "report.html").read_text()
     assert rc == 0 and "No workload ranges in this trace" in html and "vectorized_elementwise_kernel" in html

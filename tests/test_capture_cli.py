@@ -17,6 +17,7 @@ import torch
 
 from pipelines import capture, capture_child, ncu_csv
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from rlkernel.dispatch import fused_unavailable_reason
 
 DATA = pathlib.Path(__file__).parent / "data" / "capture"
 RUN = DATA / "20261202T095005Z-logp-native+1"  # a real capture on the H200 (stripped), --tool all
@@ -137,6 +138,28 @@ def test_bad_arguments_exit_2_with_one_line(argv, words, capsys):
 
 
 @pytest.mark.smoke
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_output_dir_that_is_a_file_exits_2_with_one_line(fakes, capsys, where):
+    # issue 19 item 14: FileExistsError traceback and exit 1
+    (fakes / "file").write_text("keep")
+    assert run_capture(fakes / where) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pipelines.capture: --output-dir") and "not a directory" in err[0]
+    assert (fakes / "file").read_text() == "keep"
+    proc = subprocess.run([sys.executable, "-m", "pipelines.capture", "--workload", "logp-native", *SMALL,
+                           "--output-dir", str(fakes / where)], capture_output=True, text=True)
+    assert proc.returncode == EXIT_USAGE and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.smoke
+def test_output_dir_that_cannot_be_created_exits_2_with_one_line(fakes, capsys):
+    # /proc refuses new folders, even to root (where a read-only folder would not)
+    assert run_capture("/proc/rlkernel-no-such/runs") == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()  # after the line naming the nsys found
+    assert err[1:] == ["pipelines.capture: --output-dir /proc/rlkernel-no-such/runs: No such file or directory"]
+
+
+@pytest.mark.smoke
 def test_cli_process_exit_codes_and_help():
     bad = subprocess.run([sys.executable, "-m", "pipelines.capture", "--workload", "nope"], capture_output=True,
                          text=True)
@@ -181,7 +204,8 @@ def test_no_cuda_exits_3(fakes, capsys):
 # ---- whole captures --------------------------------------------------------------------------------------
 
 def test_capture_all_tools(fakes, monkeypatch, capsys):
-    monkeypatch.setenv("RLKERNEL_CAPTURE_TEST_MARK", "kept")
+    monkeypatch.setenv("RLKERNEL_ANALYZE_MEMORY", "2GB")  # one of the project's variables: kept
+    monkeypatch.setenv("RLKERNEL_API_TOKEN", "must-not-leak")  # RLKERNEL_ but not the project's: dropped
     monkeypatch.setenv("SECRET_TOKEN", "must-not-leak")
     assert run_capture(fakes / "runs", "--tool", "all") == EXIT_OK
     out, err = capsys.readouterr()
@@ -201,13 +225,17 @@ def test_capture_all_tools(fakes, monkeypatch, capsys):
                                                "ncu import logp-native", "ncu profile logp-fused",
                                                "ncu import logp-fused"]
     assert all(s["exit_code"] == 0 and s["seconds"] >= 0 and s["command"] for s in m["steps"])
-    # the traced child's own dispatch history: warm-up + repetitions, fused asked for and fallen back on a CPU
+    # the traced child's own dispatch history: warm-up + repetitions; fused asked for, and fallen back where no
+    # fused path exists (a CPU machine) or run fused (a GPU with the build)
     disp = {(d["requested"], d["status"], d["reason"]): d["count"] for d in m["dispatch"]}
-    assert disp == {("native", "native", ""): 4, ("auto", "fallback", "tensor on cpu"): 4}
+    why_not = fused_unavailable_reason("logp.forward", torch.device("cuda" if torch.cuda.is_available() else "cpu"),
+                                       torch.bfloat16)
+    auto = ("auto", "fused", "") if why_not is None else ("auto", "fallback", why_not)
+    assert disp == {("native", "native", ""): 4, auto: 4}
     assert m["steps"][2]["dispatch"] == [{"op": "logp.forward", "requested": "native", "backend": "native",
                                           "status": "native", "reason": "", "count": 4}]
-    assert m["env"].get("RLKERNEL_CAPTURE_TEST_MARK") == "kept" and "SECRET_TOKEN" not in json.dumps(m)
-    assert m["node"]["devices"][0]["backend"] == "cpu"
+    assert m["env"].get("RLKERNEL_ANALYZE_MEMORY") == "2GB" and "must-not-leak" not in json.dumps(m)
+    assert m["node"]["devices"][0]["backend"] == ("cuda" if torch.cuda.is_available() else "cpu")
     assert "pipelines.capture_child: logp-fused: 1 warm-up + 3 repetitions" in (run / "child.stdout").read_text()
     rows = list(csvrows(run / "ncu.csv"))
     assert rows[0] == list(ncu_csv.LONG_COLUMNS)

@@ -25,6 +25,14 @@ def test_env_allow_list_drops_everything_else():
                                          "TORCH_CUDA_ARCH_LIST": "9.0a"}
 
 
+def test_env_allow_list_names_the_projects_variables():
+    # issue 19 item 4: a prefix let any RLKERNEL_* through, a token included
+    ours = {"RLKERNEL_VALIDATE": "sync", "RLKERNEL_REQUIRE_FUSED": "1", "RLKERNEL_REQUIRE_NVCC": "0",
+            "RLKERNEL_ANALYZE_MEMORY": "2GB"}
+    environ = {**ours, "RLKERNEL_API_TOKEN": "secret", "RLKERNEL_": "x", "RLKERNEL_VALIDATEX": "1"}
+    assert runs.allowed_env(environ) == ours
+
+
 def test_built_under_a_hidden_name_then_renamed(tmp_path):
     run = runs.RunDir(tmp_path, ["logp-fused"], WHEN)
     assert run.path.name.startswith(".") and run.path.is_dir()

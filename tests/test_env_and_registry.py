@@ -29,6 +29,20 @@ def test_env_cli_prints_and_json_round_trips():
     assert "extension" in text and "device" in text
 
 
+def test_env_cli_prints_only_what_applies():
+    # issue 19 item 25: a CPU node printed `cc None | None SMs | 0.0 GiB | nan TB/s`
+    text = subprocess.run([sys.executable, "-m", "rlkernel.env"], capture_output=True, text=True, check=True).stdout
+    assert "None" not in text and "nan" not in text, text
+    cpu = env.device_line(env.cpu_device())
+    assert cpu == f"device -1: CPU | {env.cpu_device()['architecture']} | cpu"
+    gpu = {"index": 0, "physical_index": "3", "name": "NVIDIA H200", "architecture": "Hopper", "backend": "cuda",
+           "compute_capability": "9.0", "sm_count": 132, "memory_bytes": 150 * 2**30,
+           "memory_bandwidth_bytes_per_s": 4.8e12}
+    assert env.device_line(gpu) == ("device  0 (physical 3): NVIDIA H200 | Hopper | cuda | cc 9.0 | 132 SMs | "
+                                    "150.0 GiB | 4.80 TB/s")
+    assert env.device_line({**gpu, "memory_bandwidth_bytes_per_s": None}).endswith("| 150.0 GiB")
+
+
 @pytest.mark.parametrize("cc,arch", [((8, 0), "Ampere"), ((8, 6), "Ampere"), ((8, 9), "Ada Lovelace"),
                                      ((9, 0), "Hopper"), ((10, 0), "Blackwell"), ((12, 0), "Blackwell")])
 def test_architecture_names(cc, arch):
@@ -99,14 +113,3 @@ def test_sampling_check_at_temperature_zero_is_argmax(monkeypatch):
     real = rlkernel.sample
     monkeypatch.setattr(rlkernel, "sample", lambda *a, **k: (real(*a, **k) + 1) % 41)
     assert "temperature 0" in w.check(inputs)  # a sampler that misses the argmax is caught
-
-
-def test_validation_is_off_while_compiling(monkeypatch):
-    from rlkernel import validate
-
-    assert validate.validation_enabled()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not validate.validation_enabled()
-    monkeypatch.undo()
-    monkeypatch.setenv("RLKERNEL_VALIDATE", "0")
-    assert not validate.validation_enabled()

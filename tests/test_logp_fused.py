@@ -228,21 +228,23 @@ def test_nan_row_gives_nan(fused):
     assert math.isfinite(logp[4].item())
 
 
-def test_bad_id_raises_index_error_and_marks_row_nan(fused, monkeypatch):
+def test_bad_id_marks_row_nan_and_check_errors_raises(fused, monkeypatch):
+    import rlkernel
+
+    rlkernel.check_errors()
     x, ids = make_logits(6, 333, torch.float32, seed=2)
     ids[4] = 333  # == V: out of range
     ids[5] = -1
-    with pytest.raises(IndexError, match=r"\(4,\)"):
-        fused.logp_fused(x, ids, temperature=1.0, ignore_index=IGNORE, return_entropy=False, inplace_backward=False)
-    monkeypatch.setenv("RLKERNEL_VALIDATE", "0")
     logp, ent = fused.logp_fused(x, ids, temperature=1.0, ignore_index=IGNORE, return_entropy=True,
                                  inplace_backward=False)
     assert logp[4:].isnan().all() and ent[4:].isnan().all() and logp[3].isfinite()
+    with pytest.raises(IndexError, match=r"\(4,\) \(id 333, vocab size 333\)"):
+        rlkernel.check_errors()
     ids3 = ids.view(2, 3)  # leading shape [2, 3]: the position is reported in it
-    monkeypatch.setenv("RLKERNEL_VALIDATE", "1")
+    fused.logp_fused(x.view(2, 3, 333), ids3, temperature=1.0, ignore_index=IGNORE, return_entropy=False,
+                     inplace_backward=False)
     with pytest.raises(IndexError, match=r"\(1, 1\)"):
-        fused.logp_fused(x.view(2, 3, 333), ids3, temperature=1.0, ignore_index=IGNORE, return_entropy=False,
-                         inplace_backward=False)
+        rlkernel.check_errors()
 
 
 def test_public_api_records_fused_and_agrees_with_native(fused):
@@ -300,9 +302,13 @@ def test_opcheck(fused):
     x = torch.randn(6, 777, device="cuda", generator=g).requires_grad_(True)
     ids = torch.randint(0, 777, (6,), device="cuda", generator=g)
     ids[1] = IGNORE
-    torch.library.opcheck(torch.ops.rlkernel.logp_forward.default, (x, ids, 0.6, IGNORE, True, False, "fused"))
-    torch.library.opcheck(torch.ops.rlkernel.logp_forward.default, (x, ids, 1.0, IGNORE, False, False, "fused"))
-    logp, ent, stats, _ = torch.ops.rlkernel.logp_forward(x.detach(), ids, 0.6, IGNORE, True)
+    from rlkernel import errors
+
+    # (..., error_record, error_seq, error_op, inplace_backward, requested): reporting into a real record too
+    sink = (errors.record(x.device).data_ptr(), 5, errors.ERR_LOGP_BAD_ID)
+    torch.library.opcheck(torch.ops.rlkernel.logp_forward.default, (x, ids, 0.6, IGNORE, True, *sink, False, "fused"))
+    torch.library.opcheck(torch.ops.rlkernel.logp_forward.default, (x, ids, 1.0, IGNORE, False, 0, 0, 1, False, "auto"))
+    logp, ent, stats = torch.ops.rlkernel.logp_forward(x.detach(), ids, 0.6, IGNORE, True)
     gl = torch.randn(6, device="cuda", generator=g)
     args = (gl, gl * 0.5, x.detach(), ids, stats, ent, 0.6, IGNORE)
     torch.library.opcheck(torch.ops.rlkernel.logp_backward.default, args)

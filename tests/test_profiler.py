@@ -143,17 +143,17 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_rename_of_the_second_file_leaves_nothing(tmp_path, monkeypatch):
-    real_replace, calls = os.replace, []
+def test_failed_link_of_the_second_file_leaves_nothing(tmp_path, monkeypatch):
+    real_link, calls = os.link, []
 
-    def replace_then_fail(src, dst):
+    def link_then_fail(src, dst):
         calls.append(dst)
-        if len(calls) == 2:  # the CSV is in place, the JSON's rename fails: the CSV must go again
-            raise OSError("rename failed")
-        real_replace(src, dst)
+        if len(calls) == 2:  # the CSV has its name, the JSON's link fails: the CSV's name must go again
+            raise OSError("link failed")
+        real_link(src, dst)
 
-    monkeypatch.setattr(writers.os, "replace", replace_then_fail)
-    with pytest.raises(OSError, match="rename failed"):
+    monkeypatch.setattr(writers.os, "link", link_then_fail)
+    with pytest.raises(OSError, match="link failed"):
         writers.write_reports(tmp_path, [], csv_out=True, json_out=True, command="x", node={}, generated_at="t")
     assert list(tmp_path.iterdir()) == []
 

@@ -244,20 +244,24 @@ def test_strided_and_misaligned_rows_match_contiguous():
     assert a.shape == (5, 3) and torch.equal(a, b)
 
 
-def test_rows_without_distribution_raise_at_any_temperature():
-    # contracts, section 1: a NaN or no finite logit is a row without a distribution, greedy or not
+def test_rows_without_distribution_are_reported_at_any_temperature():
+    # contracts, section 1: a NaN or no finite logit is a row without a distribution, greedy or not: id -1, and
+    # the device error record names the row
+    rlkernel.check_errors()
     logits = torch.randn(4, 3000, device="cuda")
     ids = rlkernel.sample(logits, temperature=0, backend="fused")
     assert torch.equal(ids, logits.argmax(-1))  # lowest id among ties, as torch.argmax
     logits[2] = float("-inf")
     for t in (0.0, 1.0):
+        assert rlkernel.sample(logits, temperature=t, top_k=50, backend="fused")[2].item() == -1
         with pytest.raises(ValueError, match="row 2"):
-            rlkernel.sample(logits, temperature=t, top_k=50, backend="fused")
+            rlkernel.check_errors()
     logits[2] = 0.0
     logits[1, 17] = float("nan")
     for t in (0.0, 1.0):
+        assert rlkernel.sample(logits, temperature=t, backend="fused")[1].item() == -1
         with pytest.raises(ValueError, match="row 1"):
-            rlkernel.sample(logits, temperature=t, backend="fused")
+            rlkernel.check_errors()
 
 
 def test_dispatch_records_fused_and_empty_input():

@@ -5,10 +5,11 @@
 #   source .node-kit/env.sh && tools/fixture_rules.sh DIR [TRACE]
 #
 # Reads TRACE (default DIR/trace.sqlite), writes DIR/rules_<rule>.csv (an empty file where the rule found
-# nothing) and DIR/rules.log. Arguments make the rules return rows on small fixtures: gpu_gaps reports gaps of
-# over GAP_MS whole milliseconds (default 1; nsys's own default is 500, and it takes integers only), gpu_time_util every chunk under
-# UTIL_PCT percent (default 100: every chunk), and every rule up to ROWS rows.
+# nothing) and DIR/rules.log. Arguments make the rules return rows on small fixtures: gpu_gaps reports gaps
+# of over GAP_MS whole milliseconds (default 1; nsys's default is 500, and it takes integers only),
+# gpu_time_util every chunk under UTIL_PCT percent (default 100: every chunk), every rule up to ROWS rows.
 set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 DIR=${1:?usage: tools/fixture_rules.sh DIR [TRACE]}
 TRACE=${2:-$DIR/trace.sqlite}
 GAP_MS=${GAP_MS:-1}

@@ -11,6 +11,12 @@
 # Logs go to $OUT (or ./reports/gpu_check when OUT is unset): one log per step, bundled into logs.tgz, and
 # summary.txt, a one-screen table of every step and the trace verdict of every fused workload.
 set -u
+case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+known="node build tests profile grpo capture bench example"
+stages=${*:-node build tests profile grpo capture bench}
+for s in $stages; do  # every stage named is known before anything is made or run
+  case " $known " in *" $s "*) ;; *) echo "gpu_check: unknown stage $s (known: $known; see --help)" >&2; exit 2 ;; esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/reports/gpu_check}
@@ -121,11 +127,9 @@ stage_bench() {
   step bench-sampling "$py" benchmarks/bench_sampling.py
 }
 
-stages=${*:-node build tests profile grpo capture bench}
 runs_before=$(ls -d runs/*/ 2>/dev/null | sort)
 echo "gpu_check: stages [$stages], CUDA_VISIBLE_DEVICES=$gpu, logs in $logs"
 for s in $stages; do
-  type "stage_$s" >/dev/null 2>&1 || { echo "gpu_check: unknown stage $s (known: node build tests profile grpo capture bench example)" >&2; exit 2; }
   "stage_$s"
 done
 

@@ -10,6 +10,7 @@
 # Output: OUTDIR/<case>/{trace.sqlite, stats_<report>.csv, stats.log, rules_<rule>.csv, rules.log,
 # recorded.json}: the rules are NVIDIA's expert system on the same stripped file (tools/fixture_rules.sh).
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 OUTDIR=${1:?usage: tools/make_fixtures.sh OUTDIR [CASE ...]}
 shift
 CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda verl_ranges sync_loop}

@@ -4,6 +4,7 @@
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh sample B V          # fp32 logits, top_k 50, top_p 0.9
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh logp N V DTYPE      # forward only
 set -eu
+case "${1:-}" in -h|--help) sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 op=${1:?usage: ncu_ops.sh sample B V | logp N V DTYPE}
 case $op in
   sample) call="rlkernel.sample(x, top_k=50, top_p=0.9, backend='fused')"

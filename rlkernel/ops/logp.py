@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
+from rlkernel.ops.logp_fused import logp_fused
 from rlkernel.ops.logp_native import logp_native
 from rlkernel.validate import check_logp_args
 
@@ -16,17 +17,20 @@ def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float = 
     With ``return_entropy=True`` returns ``(logp, entropy)``. Rows whose id is ``ignore_index`` give 0 and no
     gradient. ``inplace_backward=True`` lets the fused backend write the gradient into the logits' storage:
     the logits are overwritten during backward. ``backend``: "auto" (fused when it can run, else a recorded
-    fallback), "fused" (raise FusedKernelUnavailable when it cannot), "native". See docs/contracts.md.
+    fallback), "fused" (raise FusedKernelUnavailable when it cannot), "native". On CUDA nothing here waits for the
+    GPU: an id outside [0, V) gives NaN and goes to the device error record (``rlkernel.check_errors``).
+    See docs/contracts.md.
     """
-    check_logp_args(logits, token_ids, temperature)
+    check_logp_args(logits, token_ids, temperature, ignore_index)
     rec = dispatch.resolve("logp.forward", backend, require_fused, logits.device, logits.dtype)
+    if torch.compiler.is_compiling() and torch.is_grad_enabled() and logits.requires_grad:
+        # compiled code runs no Python in its backward: the backward's record is counted with the forward call
+        dispatch.record("logp.backward", backend, rec.backend, rec.status, rec.reason)
     if rec.status == "fused":
-        from rlkernel.ops.logp_fused import logp_fused
-
         out, ent = logp_fused(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
                               return_entropy=bool(return_entropy), inplace_backward=bool(inplace_backward),
                               requested=backend)
     else:
-        out, ent = logp_native(logits, token_ids, temperature=temperature, ignore_index=ignore_index,
-                               return_entropy=return_entropy, requested=backend, fallback_reason=rec.reason)
+        out, ent = logp_native(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
+                               return_entropy=bool(return_entropy), requested=backend, fallback_reason=rec.reason)
     return (out, ent) if return_entropy else out

@@ -3,10 +3,11 @@
 The ops (registered in csrc/bindings.cpp, kernels in csrc/include/rlkernel/logp_kernels.cuh):
 
 - ``torch.ops.rlkernel.logp_forward(logits[N, V], ids[N] int64, temperature, ignore_index, compute_entropy,
-  inplace_backward=False, requested="fused") -> (logp[N] f32, entropy[N] f32 (or [0] without entropy),
-  stats[N, 2] f32, bad_pos[1] int64)``. ``stats`` = (r, log2 s) per row in base-2 units of x / T
-  (lse = ln2 * (r + log2 s)); ``bad_pos`` = first row whose id is outside [0, V) (not ignore_index), else
-  ``NO_BAD_POSITION``. ``inplace_backward`` and ``requested`` are read by the autograd formula only.
+  error_record=0, error_seq=0, error_op=1, inplace_backward=False, requested="fused") -> (logp[N] f32,
+  entropy[N] f32 (or [0] without entropy), stats[N, 2] f32)``. ``stats`` = (r, log2 s) per row in base-2 units of
+  x / T (lse = ln2 * (r + log2 s)). A row whose id is outside [0, V) (not ignore_index) is NaN and is reported to
+  the device error record at ``error_record`` (an address; 0: nowhere) under call ``error_seq`` (rlkernel.errors).
+  ``inplace_backward`` and ``requested`` are read by the autograd formula only.
 - ``logp_backward(grad_logp?, grad_entropy?, logits, ids, stats, entropy, temperature, ignore_index) -> grad``
 - ``logp_backward_inplace(...)``: the same, writing the gradient into ``logits`` (**the logits are overwritten**).
 
@@ -18,20 +19,19 @@ import math
 
 import torch
 
-from rlkernel import _ext, dispatch
-from rlkernel.validate import bad_id_error, validation_enabled
-
-NO_BAD_POSITION = 0x7F7F7F7F7F7F7F7F  # the bytes of the launcher's 0x7F memset (csrc/include/rlkernel/logp_api.h)
+from rlkernel import _ext, dispatch, errors
 
 _registered = False
+_FORWARD = None  # torch.ops.rlkernel.logp_forward.default once registered
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 
 
-def _fwd_fake(logits, token_ids, temperature, ignore_index, compute_entropy, inplace_backward=False,
-              requested="fused"):
+def _fwd_fake(logits, token_ids, temperature, ignore_index, compute_entropy, error_record=0, error_seq=0,
+              error_op=1, inplace_backward=False, requested="fused"):
     n = logits.shape[0]
     f32 = dict(dtype=torch.float32, device=logits.device)
     return (torch.empty((n,), **f32), torch.empty((n if compute_entropy else 0,), **f32),
-            torch.empty((n, 2), **f32), torch.empty((1,), dtype=torch.int64, device=logits.device))
+            torch.empty((n, 2), **f32))
 
 
 def _bwd_fake(grad_logp, grad_entropy, logits, token_ids, stats, entropy, temperature, ignore_index):
@@ -43,9 +43,9 @@ def _bwd_inplace_fake(grad_logp, grad_entropy, logits, token_ids, stats, entropy
 
 
 def _setup_context(ctx, inputs, output):
-    logits, ids, temperature, ignore_index, compute_entropy, inplace_backward, requested = inputs
-    _, entropy, stats, bad_pos = output
-    ctx.mark_non_differentiable(stats, bad_pos)
+    logits, ids, temperature, ignore_index, compute_entropy, _, _, _, inplace_backward, requested = inputs
+    _, entropy, stats = output
+    ctx.mark_non_differentiable(stats)
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no entropy term in the kernel
     ctx.save_for_backward(logits, ids, stats, entropy)
     ctx.temperature, ctx.ignore_index = temperature, ignore_index
@@ -59,13 +59,17 @@ def _row_grad(g):
     return g.reshape(-1).to(torch.float32)
 
 
-def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_bad):
+_NO_GRADS = (None,) * 10  # one per input of logp_forward
+
+
+def _backward(ctx, grad_logp, grad_entropy, grad_stats):
     logits, ids, stats, entropy = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
         grad_entropy = None
     if grad_logp is None and grad_entropy is None:
-        return (None,) * 7
-    dispatch.record("logp.backward", ctx.requested, "fused", "fused")
+        return _NO_GRADS
+    if not torch.compiler.is_compiling():  # compiled: counted with the forward call (rlkernel.ops.logp)
+        dispatch.record("logp.backward", ctx.requested, "fused", "fused")
     args = (_row_grad(grad_logp), _row_grad(grad_entropy), logits, ids, stats, entropy, ctx.temperature,
             ctx.ignore_index)
     if ctx.inplace:
@@ -73,7 +77,7 @@ def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_bad):
         grad = logits
     else:
         grad = torch.ops.rlkernel.logp_backward(*args)
-    return grad, None, None, None, None, None, None
+    return (grad,) + _NO_GRADS[1:]
 
 
 def ensure_registered() -> None:
@@ -86,11 +90,15 @@ def ensure_registered() -> None:
     torch.library.register_fake("rlkernel::logp_backward")(_bwd_fake)
     torch.library.register_fake("rlkernel::logp_backward_inplace")(_bwd_inplace_fake)
     torch.library.register_autograd("rlkernel::logp_forward", _backward, setup_context=_setup_context)
+    global _FORWARD
+    _FORWARD = torch.ops.rlkernel.logp_forward.default  # the overload itself: no packet lookup per call
     _registered = True
 
 
 def as_rows(logits: torch.Tensor) -> torch.Tensor:
     """``[..., V]`` as ``[N, V]`` with a contiguous last dim: a view when the leading dims collapse, else a copy."""
+    if logits.dim() == 2 and (logits.stride(1) == 1 or logits.shape[1] <= 1):
+        return logits  # already rows: the common case costs no reshape
     n, v = math.prod(logits.shape[:-1]), logits.shape[-1]
     rows = logits.reshape(n, v)
     if v > 1 and rows.stride(1) != 1:
@@ -99,12 +107,15 @@ def as_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float, ignore_index: int,
-               return_entropy: bool, inplace_backward: bool, requested: str = "auto"):
-    """Fused log-probs (and entropy) of validated CUDA inputs; returns (logp, entropy or None), float32.
+               return_entropy: bool, inplace_backward: bool, requested: str = "auto", report_as=None):
+    """Fused log-probs (and entropy) of validated CUDA inputs; returns (logp, entropy or None), float32. No host sync:
+    bad ids go to the device error record (``rlkernel.errors``).
 
     ``inplace_backward=True``: the backward writes the gradient into the logits' storage (when ``as_rows`` could
     view them; a non-collapsible input is copied first and the copy is overwritten instead). ``requested`` is the
-    backend the caller asked for; the backward's dispatch record repeats it.
+    backend the caller asked for; the backward's dispatch record repeats it. ``report_as``: (record address,
+    sequence number, error kind) of a calling op whose errors these are (the sampler's log-probs), else this call
+    is its own ``logp.forward`` call.
     """
     if not _registered:
         ensure_registered()
@@ -113,15 +124,20 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
     ids = token_ids.reshape(-1)
     if ids.dtype != torch.int64:
         ids = ids.to(torch.int64)
-    ids = ids.contiguous()
-    logp, entropy, _, bad_pos = torch.ops.rlkernel.logp_forward(
-        rows, ids, float(temperature), int(ignore_index), bool(return_entropy), bool(inplace_backward), requested)
-    # One small copy, after the kernel: skipped while torch.compile traces (no data-dependent raise in a graph),
-    # inside CUDA-graph capture and with RLKERNEL_VALIDATE=0 (the bad rows are NaN either way).
-    if rows.shape[0] and validation_enabled():
-        first = int(bad_pos.item())
-        if first != NO_BAD_POSITION:
-            raise bad_id_error(first, lead, int(ids[first]), logits.shape[-1])
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    sync = False
+    if report_as is None:
+        address, seq, sync = errors.begin("logp.forward", logits.device, lead, logits.shape[-1])
+        report_as = (address, seq, errors.ERR_LOGP_BAD_ID)
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and logits.requires_grad):
+        logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,
+                                    inplace_backward, requested)
+    else:  # no gradient: straight to the CUDA kernel, past the Python autograd wrapper register_autograd adds
+        with _BELOW_AUTOGRAD():
+            logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,
+                                        inplace_backward, requested)
+    errors.after_call(logits.device, sync)
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
 

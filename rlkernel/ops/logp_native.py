@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkernel import dispatch
+from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 
 
@@ -34,16 +34,19 @@ class _NativeLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, safe_ids, valid, bad, temperature, return_entropy, requested, status, reason):
         x = logits.to(_compute_dtype(logits.dtype)) / temperature
-        lse, logp_all, p = _row_stats(x)
-        out = logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1)
-        zero = torch.zeros((), dtype=out.dtype, device=out.device)
-        nan = torch.full((), float("nan"), dtype=out.dtype, device=out.device)
-        out = torch.where(valid, out, zero)
-        out = torch.where(bad, nan, out)
-        ent = None
-        if return_entropy:
-            ent = torch.where(valid, _entropy(p, logp_all), zero)
-            ent = torch.where(bad, nan, ent)
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        nan = torch.full((), float("nan"), dtype=x.dtype, device=x.device)
+        if x.shape[-1] == 0:  # no token to gather: every row is ignored (0) or bad (NaN)
+            out = torch.where(bad, nan, zero.expand(bad.shape))
+            ent = out.clone() if return_entropy else None
+        else:
+            lse, logp_all, p = _row_stats(x)
+            out = torch.where(valid, logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1), zero)
+            out = torch.where(bad, nan, out)
+            ent = None
+            if return_entropy:
+                ent = torch.where(valid, _entropy(p, logp_all), zero)
+                ent = torch.where(bad, nan, ent)
         ctx.save_for_backward(logits, safe_ids, valid)
         ctx.temperature = temperature
         ctx.record = (requested, status, reason)
@@ -53,8 +56,11 @@ class _NativeLogp(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward
-        dispatch.record("logp.backward", requested, "native", status, reason)
+        if not torch.compiler.is_compiling():  # compiled: counted with the forward call (rlkernel.ops.logp)
+            dispatch.record("logp.backward", requested, "native", status, reason)
         with op_range("op.logp.backward"):
+            if logits.shape[-1] == 0:
+                return (torch.zeros_like(logits),) + (None,) * 8
             t = ctx.temperature
             x = logits.to(_compute_dtype(logits.dtype)) / t
             _, logp_all, p = _row_stats(x)
@@ -91,33 +97,30 @@ def logp_native(logits, token_ids, *, temperature, ignore_index, return_entropy,
         return out, ent
 
 
-def _logp_native(logits, token_ids, temperature, ignore_index, return_entropy, requested, fallback_reason):
+def _logp_native(logits, token_ids, temperature, ignore_index, return_entropy, requested, fallback_reason,
+                 report=True):
+    """The forward of validated inputs (CPU ids were checked by rlkernel.validate). On CUDA a bad id gives NaN and,
+    with ``report``, goes to the device error record by tensor ops on the stream: no host sync."""
     vocab = logits.shape[-1]
     ids = token_ids.long()
     valid = ids != ignore_index
     bad = valid & ((ids < 0) | (ids >= vocab))
-    if logits.device.type == "cpu" and bool(bad.any()):
-        first = int(bad.flatten().nonzero()[0])
-        from rlkernel.validate import bad_id_error
-
-        raise bad_id_error(first, ids.shape, int(ids.flatten()[first]), vocab)
     safe = torch.where(valid & ~bad, ids, torch.zeros_like(ids))
     valid = valid & ~bad
     status = "fallback" if fallback_reason else "native"
     out, ent = _NativeLogp.apply(logits, safe, valid, bad, float(temperature), bool(return_entropy), requested,
                                  status, fallback_reason)
-    if logits.device.type != "cpu":
-        from rlkernel.validate import bad_id_error, validation_enabled
-
-        if validation_enabled() and bool(bad.any()):  # one cheap check: the kernels above never read out of bounds
-            first = int(bad.flatten().nonzero()[0])
-            raise bad_id_error(first, ids.shape, int(ids.flatten()[first]), vocab)
+    if report and logits.device.type == "cuda":
+        address, seq, sync = errors.begin("logp.forward", logits.device, ids.shape, vocab)
+        errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, logits.device, bad, ids)
+        errors.after_call(logits.device, sync)
     return out, ent
 
 
 def native_logp_values(logits, token_ids, temperature):
-    """Float32 log-probs of valid ids by the native forward arithmetic, without an op range or a dispatch record
-    (the sampler calls it inside its own op range)."""
+    """Float32 log-probs of the ids by the native forward arithmetic, without an op range, a dispatch record or an
+    error report (the sampler calls it inside its own op range; its rows without a distribution, id -1, give NaN
+    here and were reported by the sampler)."""
     with torch.no_grad():
-        out, _ = _logp_native(logits, token_ids, temperature, -100, False, "native", "")
+        out, _ = _logp_native(logits, token_ids, temperature, -100, False, "native", "", report=False)
     return out.float()

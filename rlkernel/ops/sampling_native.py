@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
 
 
@@ -28,21 +29,27 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     return sorted_p, order
 
 
+_NO_DIST = "sample: row {} has no finite probabilities (all -inf or NaN logits)"
+
+
 def _draw(rows, temperature, top_k, top_p, generator):
+    """(ids, bad rows). The draw is an exponential race, argmax of p_i / E_i with E_i ~ Exp(1), which picks i with
+    probability p_i exactly and needs no host sync (torch.multinomial reads back to the host on CUDA). A row without
+    a distribution gets -1: on CPU it raises here; on CUDA the caller reports it to the device error record."""
     if temperature == 0:
         top = rows.amax(dim=-1)
         bad = torch.isnan(top) | (top == float("-inf"))  # a NaN, or no finite logit: no argmax to take
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0])
-            raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
-        return torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
-    probs, order = filtered_probs(rows, temperature, top_k, top_p)
-    finite = torch.isfinite(probs).all(dim=-1)
-    if not bool(finite.all()):
-        first = int((~finite).nonzero()[0])
-        raise ValueError(f"sample: row {first} has no finite probabilities (all -inf or NaN logits)")
-    pick = torch.multinomial(probs, 1, generator=generator)
-    return order.gather(-1, pick).squeeze(-1)
+        ids = torch.argmax(rows, dim=-1)  # first maximal index: lowest id among ties
+    else:
+        probs, order = filtered_probs(rows, temperature, top_k, top_p)
+        bad = ~torch.isfinite(probs).all(dim=-1)
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        # a token outside the kept set (p = 0) never wins: -1 is below every p / E >= 0
+        score = torch.where(probs > 0, probs / race, torch.full_like(probs, -1.0))
+        ids = order.gather(-1, score.argmax(dim=-1, keepdim=True)).squeeze(-1)
+    if rows.device.type == "cpu" and not torch.compiler.is_compiling() and bool(bad.any()):  # compiled: -1 only
+        raise ValueError(_NO_DIST.format(int(bad.nonzero()[0])))
+    return torch.where(bad, torch.full_like(ids, -1), ids), bad
 
 
 def sample_native(logits, *, temperature, top_k, top_p, generator, return_logprobs=False):
@@ -53,14 +60,18 @@ def sample_native(logits, *, temperature, top_k, top_p, generator, return_logpro
     trace or a dispatch history shows no logp op for them."""
     from rlkernel.ops.logp_native import native_logp_values
 
-    vocab = logits.shape[-1]
-    rows = logits.reshape(-1, vocab)
+    lead, vocab = logits.shape[:-1], logits.shape[-1]
+    rows = logits.reshape(lead.numel(), vocab)
     with op_range("op.sample"):
         if rows.shape[0] == 0:
-            ids = torch.empty(rows.shape[0], dtype=torch.long, device=logits.device)
+            ids = torch.empty(0, dtype=torch.long, device=logits.device)
         else:
-            ids = _draw(rows, temperature, top_k, top_p, generator)
+            ids, bad = _draw(rows, temperature, top_k, top_p, generator)
+            if rows.device.type == "cuda":
+                address, seq, sync = errors.begin("sample", logits.device, lead, vocab)
+                errors.note_native(errors.ERR_SAMPLE_NO_DIST, seq, address, logits.device, bad, None)
+                errors.after_call(logits.device, sync)
         lp = None
         if return_logprobs:
-            lp = native_logp_values(rows, ids, temperature if temperature > 0 else 1.0).reshape(logits.shape[:-1])
-    return ids.reshape(logits.shape[:-1]), lp
+            lp = native_logp_values(rows, ids, temperature if temperature > 0 else 1.0).reshape(lead)
+    return ids.reshape(lead), lp

@@ -1,4 +1,5 @@
-"""Flags of ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as written)."""
+"""Flags of the profile suite: ``scripts/run_profile_suite.py`` (the hardware-profiling guide's commands use them as
+written), ``python -m rlkernel.profiling`` and the ``rlkernel-profile`` console script, one CLI."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +11,7 @@ from pathlib import Path
 import torch
 
 from rlkernel import env, workloads
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser, fail
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, OUTPUT_DIR_HINTS, CliError, OneLineParser, fail
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
@@ -58,7 +59,7 @@ def _float(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(prog=PROG, description=(
+    ap = OneLineParser(hints=OUTPUT_DIR_HINTS, prog=PROG, description=(
         "Time registry workloads over shapes and write a profile_<UTC timestamp>.csv/.json report. Each row has "
         "a status (pass, blocked, oom, fail) and the dispatch the ops recorded (native, fused, fallback, blocked). "
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
@@ -78,7 +79,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     ap.add_argument("--warmup", type=_nonneg, help="untimed repetitions per row (default 3)")
     ap.add_argument("--repeat", type=_positive, help="timed repetitions per row (default 10)")
-    ap.add_argument("--output-dir", type=Path, default=Path("reports"), help="report folder (default reports)")
+    ap.add_argument("--output-dir", type=Path, default=Path("reports"),
+                    help="parent folder: each run adds a new profile_<UTC timestamp>.csv/.json pair to it and "
+                         "never overwrites one (default reports)")
     ap.add_argument("--csv", action="store_true", help="write the CSV report (both when neither flag is given)")
     ap.add_argument("--json", action="store_true", help="write the JSON report (both when neither flag is given)")
     ap.add_argument("--smoke", action="store_true",
@@ -167,8 +170,11 @@ def run(argv: list[str], command: str) -> int:
     rows = run_suite(cfg, context, device["memory_bandwidth_bytes_per_s"],
                      on_row=lambda i, n, row: print(progress_line(i, n, row), file=sys.stderr, flush=True))
     want_csv, want_json = (args.csv, args.json) if (args.csv or args.json) else (True, True)
-    paths = write_reports(args.output_dir, rows, csv_out=want_csv, json_out=want_json, command=command, node=node,
-                          generated_at=generated_at)
+    try:  # e.g. a full disk: write_reports leaves nothing partial, so one line says it all
+        paths = write_reports(args.output_dir, rows, csv_out=want_csv, json_out=want_json, command=command,
+                              node=node, generated_at=generated_at)
+    except OSError as exc:
+        raise CliError(f"--output-dir {args.output_dir}: could not write the report: {exc.strerror or exc}") from None
     if not args.no_summary:
         print(table(rows))
     for p in paths:
@@ -191,3 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(full[1:], shlex.join(full))
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

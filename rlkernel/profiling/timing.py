@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlkernel import errors
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -79,7 +81,9 @@ def _time_cuda(fn, repeat: int, flush: CacheFlusher) -> list[float]:
         start.record()
         fn()
         end.record()
-    torch.cuda.synchronize()  # one sync at the end: no host round trip between repetitions
+    # one sync at the end, no host round trip between repetitions; it also reads the device error record, so a
+    # repetition that hit bad input raises here (rlkernel.check_errors)
+    errors.check_errors()
     return [start.elapsed_time(end) for start, end in pairs]
 
 

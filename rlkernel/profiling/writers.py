@@ -1,8 +1,9 @@
-"""Report files: new ``profile_<UTC timestamp with microseconds>.csv`` / ``.json`` per run, written atomically.
+"""Report files: new ``profile_<UTC timestamp with microseconds>[-N].csv`` / ``.json`` per run, written atomically.
 
 Both files of a run share one stem. Each is written to a temporary file in the output folder and
-renamed into place only when all requested files are complete, so a failure leaves no half-written
-report and no existing file is ever appended to or overwritten.
+hard-linked to its final name only when all requested files are complete, so a failure leaves no
+half-written report, and no existing file is ever appended to or overwritten: a name taken by another
+run (same microsecond) sends this run to the next free one, ``-2``, ``-3``, ...
 """
 from __future__ import annotations
 
@@ -11,26 +12,58 @@ import datetime as dt
 import io
 import json
 import os
-import tempfile
-import time
+import secrets
 from pathlib import Path
 
 from rlkernel.profiling.rows import COLUMNS
+from rlkernel.textsafe import to_spreadsheet
 
 REPORT_VERSION = "1.0"
+SUFFIXES = (".csv", ".json")  # every file a run may write: a stem with any of them taken is someone else's
 
 
 def _stem(now: dt.datetime) -> str:
     return "profile_" + now.strftime("%Y%m%dT%H%M%S_%fZ")
 
 
-def fresh_stem(output_dir: Path, suffixes: list[str]) -> str:
-    """A stem no file in ``output_dir`` has yet (a later microsecond if this one is taken)."""
+def _claim(output_dir: Path, stem: str, temps: dict[str, str]) -> list[Path] | None:
+    """Give every complete temporary file its final name under ``stem``; None, with nothing linked, when a name is
+    taken. ``os.link`` fails on an existing name (a rename would replace it), so another run's file is never
+    overwritten, even by a run that checked the name in the same instant. The names of the suffixes this run does
+    not write are checked too (not atomically), so a --csv run and a --json run do not pass for one pair."""
+    if any((output_dir / f"{stem}{s}").exists() for s in SUFFIXES if s not in temps):
+        return None
+    linked: list[Path] = []
+    try:
+        for suffix, tmp in temps.items():
+            final = output_dir / f"{stem}{suffix}"
+            os.link(tmp, final)
+            linked.append(final)
+    except BaseException as exc:
+        for final in linked:  # a pair is named whole or not at all: this run's links only
+            final.unlink(missing_ok=True)
+        if isinstance(exc, FileExistsError):
+            return None
+        raise
+    return linked
+
+
+def _create_temp(output_dir: Path, suffix: str) -> tuple[int, str]:
+    """A new hidden file in ``output_dir``, mode 0666 less the umask, like any file a program creates (mkstemp's
+    0600 would stay on the report after the link, unlike the analyzer's files)."""
     while True:
-        stem = _stem(dt.datetime.now(dt.timezone.utc))
-        if not any((output_dir / f"{stem}{s}").exists() for s in suffixes):
-            return stem
-        time.sleep(1e-6)
+        tmp = str(output_dir / f".profile_{secrets.token_hex(8)}{suffix}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Every byte of a report goes through here."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def csv_text(rows: list[dict]) -> str:
@@ -38,7 +71,7 @@ def csv_text(rows: list[dict]) -> str:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: ("" if row[k] is None else row[k]) for k in COLUMNS})
+        writer.writerow({k: ("" if row[k] is None else to_spreadsheet(row[k])) for k in COLUMNS})
     return buf.getvalue()
 
 
@@ -58,28 +91,22 @@ def write_reports(output_dir: Path, rows: list[dict], *, csv_out: bool, json_out
         texts[".csv"] = csv_text(rows)
     if json_out:
         texts[".json"] = json_text(rows, command=command, node=node, generated_at=generated_at)
-    stem = fresh_stem(output_dir, list(texts))
     temps: dict[str, str] = {}
     try:
         for suffix, text in texts.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{stem}", suffix=suffix + ".tmp", dir=output_dir)
-            temps[suffix] = tmp
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        finals: list[Path] = []
-        try:
-            for suffix, tmp in temps.items():
-                final = output_dir / f"{stem}{suffix}"
-                os.replace(tmp, final)
-                finals.append(final)
-        except BaseException:
-            for final in finals:  # a pair is written whole or not at all: undo the renames already done
-                final.unlink(missing_ok=True)
-            raise
-        return finals
+            fd, temps[suffix] = _create_temp(output_dir, suffix)
+            try:
+                _write_all(fd, text.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        stem, n = _stem(dt.datetime.now(dt.timezone.utc)), 1
+        while True:  # the run's own name, then the next free one: <stem>-2, <stem>-3, ...
+            finals = _claim(output_dir, stem if n == 1 else f"{stem}-{n}", temps)
+            if finals is not None:
+                return finals
+            n += 1
     finally:
-        for tmp in temps.values():
+        for tmp in temps.values():  # the final names are links: the temporary names go either way
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -54,12 +54,13 @@ int main(int argc, char** argv) {
     else fill_normal<<<1024, 256>>>((float*)bufs[i], B * V, 11 + i, 3.f);
   }
   const size_t ws = rlkernel::sample_workspace_bytes(B, V, 1.f, k);
-  void* wsp; int64_t* ids; int32_t* bad;
-  CK(cudaMalloc(&wsp, ws)); CK(cudaMalloc(&ids, B * 8)); CK(cudaMalloc(&bad, 4));
+  void* wsp; int64_t* ids;
+  CK(cudaMalloc(&wsp, ws)); CK(cudaMalloc(&ids, B * 8));
+  const rlkernel::ErrorSink no_errors{};  // random normal logits: every row has a distribution
   const rlkernel::ElemType dt = bf16 ? rlkernel::ElemType::kBFloat16 : rlkernel::ElemType::kFloat32;
   auto call = [&](int i) {
     rlkernel::PhiloxArgs rng; rng.seed = 123; rng.offset = 4 * i;
-    const char* m = rlkernel::sample_launch(bufs[i % nbuf], dt, B, V, V, 1.f, k, p, rng, ids, bad, wsp, ws, nullptr);
+    const char* m = rlkernel::sample_launch(bufs[i % nbuf], dt, B, V, V, 1.f, k, p, rng, ids, no_errors, wsp, ws, nullptr);
     if (m) { printf("launch: %s\n", m); exit(1); }
   };
   for (int i = 0; i < 5; ++i) call(i);

@@ -4,6 +4,8 @@
 Each node kernel of a replay carries the correlation id of the `cudaGraphLaunch` call, so it
 belongs to the ranges open around the replay, not to those around the capture (whose launch
 calls run no kernel at all).
+
+    usage: python tools/traces/graphs.py   (under nsys, by tools/make_fixtures.sh; needs a GPU)
 """
 from __future__ import annotations
 
@@ -48,4 +50,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

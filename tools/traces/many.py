@@ -1,6 +1,8 @@
 """Scale program: N kernel launches (argv[1], default 1,000,000), each in its own push/pop range.
 
 The launches loop in C (tricky_lib.cu, tl_many) so the trace is launch-bound, not Python-bound.
+
+    usage: python tools/traces/many.py [N]   (under nsys, by tools/make_fixtures.sh many; needs a GPU)
 """
 import os
 import sys
@@ -9,6 +11,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from _tricky import check, load  # noqa: E402
 
+if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+    sys.exit(print(__doc__.strip()))
 n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
 lib = load()
 dom = lib.tl_domain(b"bench")

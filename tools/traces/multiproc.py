@@ -4,6 +4,8 @@
 Domain ids are per process: child 0 creates `extra0` before `worker`, child 1 only `worker`, so
 the same domainId names different domains in the two processes, and the same range name appears
 in both (nsys reports aggregate across processes by name).
+
+    usage: python tools/traces/multiproc.py   (under nsys, by tools/make_fixtures.sh; needs a GPU)
 """
 from __future__ import annotations
 
@@ -44,4 +46,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

@@ -6,6 +6,8 @@ Covers: default domain with inline text, a named domain with registered strings,
 nested in a range of the same name), a range without GPU work, memcpy/memset, a second stream, a
 kernel that runs long after its range closed, a second thread with its own ranges, start/end
 ranges (one ended on another thread), and CUB's own `CCCL:` ranges inside a user range.
+
+    usage: python tools/traces/nvtx_mix.py   (under nsys, by tools/make_fixtures.sh; needs a GPU)
 """
 from __future__ import annotations
 
@@ -104,4 +106,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

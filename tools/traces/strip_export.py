@@ -22,21 +22,11 @@ import socket
 import sqlite3
 import sys
 
-# An absolute path token: "/" then non-separators, at the start of the value or after a space, quote, "=", ":",
-# "(", "," or "[" (so "a/b", "<path>/x" and "kworker/0:1" are not paths).
-PATH_TOKEN = re.compile(r"""(?:^|(?<=[\s"'=:(,\[]))/[^\s"'`,;()\[\]{}<>|]+""")
-
-
-def _basename(m: re.Match) -> str:
-    parts = [p for p in m.group(0).split("/") if p]
-    return f"<path>/{parts[-1]}" if parts else m.group(0)
-
-
-def scrub_paths(value):
-    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is."""
-    if not isinstance(value, str) or "/" not in value:
-        return value
-    return PATH_TOKEN.sub(_basename, value)
+try:
+    from rlkernel.textsafe import scrub_paths
+except ImportError:  # run as a script from a checkout: the repository root is two levels up
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+    from rlkernel.textsafe import scrub_paths
 
 
 def scrub_pairs(extra: list[str]) -> list[tuple[re.Pattern, str]]:
@@ -132,6 +122,8 @@ def strip_manifest(src: str, dst: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     if len(sys.argv) < 3:
         raise SystemExit("usage: strip_export.py SRC.sqlite DST.sqlite [PATH_TO_SCRUB ...] | "
                          "strip_export.py SRC/manifest.json DST/manifest.json")

@@ -11,6 +11,9 @@ Domain `rl`, push/pop ranges: four `train_step` repetitions, each holding
   * `storm`: 64 small launches.
 What NVIDIA's expert rules (cuda_api_sync, cuda_memcpy_sync, cuda_memcpy_async, cuda_memset_sync,
 gpu_gaps, gpu_time_util) and `nsys stats` say about it is stored beside the trace.
+
+Run under `nsys profile --trace=cuda,nvtx --sample=none --cpuctxsw=none python tools/traces/sync_loop.py`
+(tools/make_fixtures.sh OUTDIR sync_loop).
 """
 from __future__ import annotations
 
@@ -73,4 +76,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

@@ -8,6 +8,8 @@ NVTX through the `nvtx` package in domain `rlkernel` (registered strings), as rl
   * `grpo-step` x2: a GEMM, fused `op.logp.forward` and `op.logp.backward`, and a native `op.sample`;
   * `:bare-fused` (default domain, no op ranges) runs ATen only, as another program's range would.
 With an argument, writes a contract manifest (docs/contracts.md section 6) describing this run there.
+
+    usage: python tools/traces/verdicts.py [MANIFEST.json]   (under nsys, by tools/make_fixtures.sh; needs a GPU)
 """
 from __future__ import annotations
 
@@ -99,4 +101,6 @@ def write_manifest(path: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

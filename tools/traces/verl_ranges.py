@@ -6,9 +6,13 @@ three `step` ranges, each holding `gen`, then `old_log_prob` and `ref` that over
 first ends while the second is open), then `update_actor` with a blocking `.item()` inside; a push/pop
 range inside a start/end one; and `async_rollout`, started on the main thread and ended by a worker thread
 that launched its own kernels meanwhile (nsys attributes nothing to such a range).
+
+Run under `nsys profile --trace=cuda,nvtx --sample=none --cpuctxsw=none python tools/traces/verl_ranges.py`
+(tools/make_fixtures.sh OUTDIR verl_ranges).
 """
 from __future__ import annotations
 
+import sys
 import threading
 
 import nvtx
@@ -61,4 +65,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):  # help only: nothing built, traced or written
+        sys.exit(print(__doc__.strip()))
     main()

@@ -4,12 +4,11 @@
 
 #include <cstdint>
 
+#include "rlkernel/error_record.h"
+
 namespace rlkernel {
 
 enum class ElemType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
-
-// The value bad_pos holds when no id was out of range (the bytes of a 0x7F memset).
-constexpr int64_t kNoBadPosition = 0x7F7F7F7F7F7F7F7FLL;
 
 struct LogpForwardArgs {
   const void* logits;       // [n_rows, vocab], last dim contiguous, any row stride (elements) and alignment
@@ -23,7 +22,7 @@ struct LogpForwardArgs {
   float* logp;              // [n_rows]
   float* entropy;           // [n_rows], or nullptr for no entropy
   float* stats;             // [n_rows, 2]: (r, log2 s) in base-2 units of x / T
-  int64_t* bad_pos;         // [1]: the first row with an id outside [0, vocab), else kNoBadPosition
+  ErrorSink errors;         // rows with an id outside [0, vocab) (not ignore_index) are reported here
   void* stream;
 };
 

@@ -4,17 +4,16 @@
 // row_reduce.cuh): logp = log_softmax(x / T)[id], entropy of softmax(x / T), and the saved stats (r, log2 s)
 // from which the backward recomputes every probability without another reduction.
 // Rows: id == ignore_index -> logp 0, entropy 0, stats (0, 0), the row is not read; id outside [0, V) -> NaN
-// everywhere, the row is not read, and atomicMin(bad_pos, row) records the first bad row (bad_pos is memset to
-// kNoBadRow by the launcher, inside the op range).
+// everywhere, the row is not read, and the row and its id go to the device's error record (error_record.cuh;
+// no memset, no read-back: rlkernel.check_errors reads it when the caller synchronises).
 // Backward: grad_x = (1/T) [g_l (onehot - p) - g_H p (log p + H)]; one read of the row, one write of the gradient
 // (grad may alias the logits: each element is read and then written by the same thread).
 #pragma once
 
+#include "rlkernel/error_record.cuh"
 #include "rlkernel/row_reduce.cuh"
 
 namespace rlkernel {
-
-constexpr long long kNoBadRow = 0x7F7F7F7F7F7F7F7FLL;  // the bytes a 0x7F memset writes; > any row index
 
 // Stores the VEC elements of v at element e0 of `row`, skipping those at or past V; one 16-byte store when the
 // row start is aligned and the vector is whole.
@@ -77,7 +76,7 @@ struct LogpFwdParams {
   float* logp;             // [N]
   float* entropy;          // [N], or unused without ENTROPY
   float2* stats;           // [N]: (r, log2 s)
-  unsigned long long* bad_pos;  // [1]
+  ErrorSink errors;        // where a bad id is reported
 };
 
 template <typename T, int TEAM, bool ENTROPY>
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_logp_fwd_kernel(const
     p.logp[row] = NAN;
     if (ENTROPY) p.entropy[row] = NAN;
     p.stats[row] = make_float2(NAN, NAN);
-    atomicMin(p.bad_pos, static_cast<unsigned long long>(row));
+    report_error(p.errors, row, id);
   }
 }
 

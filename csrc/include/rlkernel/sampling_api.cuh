@@ -20,9 +20,6 @@ struct PhiloxArgs {
   bool captured = false;
 };
 
-// The value first_bad holds when every row had a distribution (the bytes of a 0x7F memset).
-constexpr int32_t kNoBadRow = 0x7F7F7F7F;
-
 // How far one call advances the generator's offset (torch asks for multiples of 4). Each call's counters
 // carry its offset, so calls never share random numbers.
 constexpr uint64_t kSampleOffsetIncrement = 4;
@@ -33,13 +30,11 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 // Draw one id per row into ids[rows] (int64). logits: rows x vocab, row i at logits + i * row_stride
 // elements, unit stride inside a row. temperature 0 = argmax. top_k 0 = all, top_p 1 = all.
 // A row with a NaN, with no logit above -inf, or (temperature > 0) whose largest scaled logit is +inf has no
-// distribution: its id is -1 and *first_bad holds the first such row (kNoBadRow when none; the launcher
-// initialises it).
-// Puts on `stream`, inside the NVTX range rlkernel:op.sample, rlkernel_* kernels only (plus one memset of
-// first_bad on the whole-row path).
+// distribution: its id is -1 and the row is reported to `errors` (the device's error record, error_record.h).
+// Puts on `stream`, inside the NVTX range rlkernel:op.sample, rlkernel_* kernels only, nothing else.
 // Returns nullptr on success, else the error's text. rows * ceil(vocab / 8192) must be < 2^31, vocab < 2^31.
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
-                          int32_t* first_bad, void* workspace, size_t workspace_bytes, void* stream);
+                          const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream);
 
 }  // namespace rlkernel

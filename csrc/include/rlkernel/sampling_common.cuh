@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "rlkernel/error_record.cuh"
 #include "rlkernel/sampling_api.cuh"
 
 namespace rlkernel {

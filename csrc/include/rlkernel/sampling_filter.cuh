@@ -46,12 +46,12 @@ struct FilterArgs {
   double top_p;
   RngSeedOffset rng;
   int64_t* ids;
-  int32_t* first_bad;
+  ErrorSink errors;
 };
 
 __device__ __forceinline__ void mark_bad_row(const FilterArgs& a) {  // one thread per row
   a.ids[a.row] = -1;
-  atomicMin(a.first_bad, static_cast<int32_t>(a.row));
+  report_error(a.errors, a.row, -1);
 }
 
 // top-p in 2^-40 fixed point over the top-k set's mass z: a token is kept while the mass before it is < target

@@ -335,11 +335,9 @@ template <typename T>
 __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
-                               uint32_t* __restrict__ counts, int32_t* __restrict__ first_bad) {
+                               uint32_t* __restrict__ counts) {
   extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
   __shared__ CandidateSmem sm;
-  // select reads it only after cudaGridDependencySynchronize: once this whole grid has completed
-  if (blockIdx.x == 0 && threadIdx.x == 0) *first_bad = kNoBadRow;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the select grid be scheduled now (launched as a programmatic dependent): its blocks take SMs as this grid's
   // blocks leave them and wait in cudaGridDependencySynchronize, which returns only once this whole grid has
@@ -483,7 +481,7 @@ __device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, con
   if (bad || a.argmax) {  // the same for every thread: no barrier below is skipped by some only
     if (e == 0) {
       a.ids[a.row] = bad ? -1 : unpack_id(sorted[0]);
-      if (bad) atomicMin(a.first_bad, static_cast<int32_t>(a.row));
+      if (bad) report_error(a.errors, a.row, -1);
     }
     return;
   }
@@ -632,7 +630,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                            float inv_t, const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
                            bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
-                           int32_t* first_bad) {
+                           ErrorSink errors) {
   __shared__ SelectSmem sm;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // launched as a programmatic dependent of the candidates grid (Hopper+): from here on its writes are visible
@@ -640,7 +638,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
 #endif
   const int64_t row = blockIdx.x;
   const FilterArgs args{vocab, row, argmax, argmax ? 1 : top_k, top_p,
-                        argmax ? RngSeedOffset{0, 0} : unpack(rng), ids, first_bad};
+                        argmax ? RngSeedOffset{0, 0} : unpack(rng), ids, errors};
   // splits <= kRowThreads (the launcher checks): one thread per chunk
   const uint32_t c = threadIdx.x < splits ? counts[row * splits + threadIdx.x] : 0u;
   const int overflow = __syncthreads_or(c > kCandCap);
@@ -718,11 +716,11 @@ template <typename T>
 __global__ void __launch_bounds__(kRowThreads)
     rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, float inv_t,
                          bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
-                         int32_t* first_bad) {
+                         ErrorSink errors) {
   __shared__ RadixSmem sm;
   const int64_t row = blockIdx.x;
   const FilterArgs args{vocab, row, argmax, top_k, top_p, argmax ? RngSeedOffset{0, 0} : unpack(rng), ids,
-                        first_bad};
+                        errors};
   filter_and_draw<kRowThreads>(RowSource<T, kRowThreads>{logits + row * row_stride, vocab, inv_t}, args, sm);
 }
 

@@ -1,0 +1,210 @@
+"""What a trainer's or a rollout engine's loop pays per rlkernel call, beside what the GPU pays.
+
+For each op and shape (issue 17's table), the same call:
+  b2b      issued back to back with no sync in between: (wall time from the first call to the final sync) / calls
+  host     the host's time to issue one call (the same loop, stopped before the final sync)
+  graph    the call replayed from a CUDA graph (calls captured back to back, replayed; CUDA events): GPU time only
+  syncs    host syncs per call, counted with torch.cuda.set_sync_debug_mode(1)
+with RLKERNEL_VALIDATE=1 (the default: the device error record) and =0. Medians of --runs runs.
+--cpu-only times the Python layer alone on CPU tensors (argument checks and dispatch.resolve, no kernel);
+--breakdown times each layer of a fused call on CUDA tensors (host time only).
+
+  python benchmarks/bench_overhead.py [--calls 300] [--runs 7] [--cases sample-b1,logp-n256] [--cpu-only | --breakdown]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import rlkernel  # noqa: E402
+from rlkernel import dispatch, validate  # noqa: E402
+
+V = 128256
+
+
+def _case_inputs(name: str):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if name.startswith("sample"):
+        b = 1 if name == "sample-b1" else 256
+        x = torch.randn(b, V, device="cuda", generator=g) * 3
+        return lambda: rlkernel.sample(x, top_k=50, top_p=0.9)  # the default generator: graph-safe as it is
+    n = {"logp-n256": 256, "logp-n16384": 16384, "logp-ent-fwd-bwd-n16384": 16384}[name]
+    x = (torch.randn(n, V, device="cuda", generator=g) * 3).to(torch.bfloat16)
+    ids = torch.randint(0, V, (n,), device="cuda", generator=g)
+    if name != "logp-ent-fwd-bwd-n16384":
+        return lambda: rlkernel.logp(x, ids)
+    x.requires_grad_(True)
+
+    def step():
+        x.grad = None
+        lp, ent = rlkernel.logp(x, ids, return_entropy=True)
+        (lp.sum() + 0.01 * ent.sum()).backward()
+    return step
+
+
+CASES = ("sample-b1", "sample-b256", "logp-n256", "logp-n16384", "logp-ent-fwd-bwd-n16384")
+
+
+def back_to_back(fn, calls: int) -> tuple[float, float]:
+    """(wall us per call including the drain, host us per call to issue)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t2 - t0) / calls * 1e6, (t1 - t0) / calls * 1e6
+
+
+def graph_replay(fn, calls: int, replays: int = 10) -> float:
+    """GPU us per call: ``calls`` calls captured in one graph, replayed ``replays`` times between two events."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (calls * replays)
+
+
+def syncs_per_call(fn, calls: int = 20) -> float:
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in caught) / calls
+
+
+def cpu_only(calls: int, runs: int) -> None:
+    """The Python layer alone: argument checks and dispatch.resolve, no kernel."""
+    x, ids = torch.randn(256, 64), torch.randint(0, 64, (256,))
+    cases = {
+        "check_logp_args": lambda: validate.check_logp_args(x, ids, 1.0, -100),
+        "check_sample_args": lambda: validate.check_sample_args(x, 1.0, 50, 0.9, None),
+        "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
+    }
+    print("| python layer (CPU tensors, no kernel) | us per call |\n| --- | --- |")
+    for name, fn in cases.items():
+        per = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"| {name} | {statistics.median(per):.2f} |")
+
+
+def breakdown(calls: int, runs: int) -> None:
+    """Host us per call of each layer of a fused call on CUDA tensors (logp N=256 bf16, sample B=1 fp32)."""
+    from rlkernel import errors
+    from rlkernel.ops import logp_fused, sampling_fused
+
+    x = (torch.randn(256, V, device="cuda") * 3).to(torch.bfloat16)
+    ids = torch.randint(0, V, (256,), device="cuda")
+    xs = torch.randn(1, V, device="cuda")
+    rows = logp_fused.as_rows(x)
+    steps = {
+        "check_logp_args": lambda: validate.check_logp_args(x, ids, 1.0, -100),
+        "check_sample_args": lambda: validate.check_sample_args(xs, 1.0, 50, 0.9, None),
+        "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
+        "errors.begin": lambda: errors.begin("logp.forward", x.device, x.shape[:-1], V),
+        "errors.after_call": lambda: errors.after_call(x.device, False),
+        "as_rows": lambda: logp_fused.as_rows(x),
+        "torch.ops.rlkernel.logp_forward": lambda: torch.ops.rlkernel.logp_forward(rows, ids, 1.0, -100, False),
+        "torch.ops.rlkernel.sample": lambda: torch.ops.rlkernel.sample(xs, 1.0, 50, 0.9, None),
+        "logp_fused (no checks, no dispatch)": lambda: logp_fused.logp_fused(
+            x, ids, temperature=1.0, ignore_index=-100, return_entropy=False, inplace_backward=False),
+        "sample_fused (no checks, no dispatch)": lambda: sampling_fused.sample_fused(
+            xs, temperature=1.0, top_k=50, top_p=0.9, generator=None, return_logprobs=False),
+        "rlkernel.logp": lambda: rlkernel.logp(x, ids),
+        "rlkernel.sample": lambda: rlkernel.sample(xs, top_k=50, top_p=0.9),
+    }
+    print("| layer (CUDA tensors) | host us per call |\n| --- | --- |")
+    for name, fn in steps.items():
+        per = []
+        for _ in range(runs):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+        print(f"| {name} | {statistics.median(per):.2f} |", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=300, help="calls per timed loop (default 300)")
+    ap.add_argument("--runs", type=int, default=7, help="runs per figure; the median is reported (default 7)")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--cpu-only", action="store_true", help="time the Python layer alone (no GPU needed)")
+    ap.add_argument("--breakdown", action="store_true", help="host time of each layer of a fused call (CUDA)")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore", rlkernel.FallbackWarning)
+    if args.cpu_only:
+        cpu_only(args.calls * 10, args.runs)
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_overhead: needs CUDA (or --cpu-only)", file=sys.stderr)
+        return 3
+    if args.breakdown:
+        breakdown(args.calls, args.runs)
+        return 0
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        print(f"bench_overhead: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, calls {args.calls}, runs {args.runs}")
+    print("| case | validate | syncs/call | b2b us/call | host us/call | graph us/call | b2b - graph |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in cases:
+        fn = _case_inputs(name)
+        calls = args.calls if "16384" not in name else max(20, args.calls // 10)
+        for mode in ("1", "0"):
+            os.environ["RLKERNEL_VALIDATE"] = mode
+            for _ in range(5):
+                fn()
+            syncs = syncs_per_call(fn)
+            b2b, host = zip(*(back_to_back(fn, calls) for _ in range(args.runs)), strict=True)
+            graph = statistics.median(graph_replay(fn, min(calls, 20)) for _ in range(3))
+            b, h = statistics.median(b2b), statistics.median(host)
+            print(f"| {name} | {mode} | {syncs:g} | {b:.1f} | {h:.1f} | {graph:.1f} | {b - graph:+.1f} |",
+                  flush=True)
+        rlkernel.check_errors()
+        del fn
+        torch.cuda.empty_cache()
+    with dispatch.recording():
+        pass
+    print("dispatch:", sorted({(r.op, r.status) for r, _ in dispatch.history()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

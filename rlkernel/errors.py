@@ -1,0 +1,176 @@
+"""The device error record: bad input found on the GPU, reported without a host sync (docs/contracts.md, section 1).
+
+On CUDA an op never reads its results back to check them. A token id outside ``[0, V)`` or a row without a
+distribution gives NaN (logp) or -1 (sample) for that row, and the error goes into a small record on the device:
+the fused kernels write it themselves (``csrc/include/rlkernel/error_record.cuh``), the native path with device-side
+tensor ops (``note_native``). ``check_errors(device)`` synchronises, reads the record (one copy), clears it and
+raises what the CPU path raises at once.
+
+Record layout (int64[4], one per device, shared by every thread and stream): ``key, op, value, lock``.
+``key = (call sequence number << 32) | flat position`` (``EMPTY`` when clear): the lowest key is kept, so the record
+holds the first error of the earliest call. The host keeps each recent call's op, shape and V by sequence number in
+a bounded ring, so the error can be named later.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+
+import torch
+
+from rlkernel import envflags
+
+EMPTY = (1 << 63) - 1
+ERR_LOGP_BAD_ID = 1  # kErrOpLogpBadId (csrc/include/rlkernel/error_record.h)
+ERR_SAMPLE_NO_DIST = 2  # kErrOpSampleNoDist
+COMPILED_SEQ = 0  # calls traced by torch.compile: one number for all (a changing one would recompile every call)
+RING = 4096  # recent calls whose shape the host remembers
+_SEQ_LIMIT = 1 << 31  # the kernels keep 31 bits of the sequence number (key = seq << 32 | position)
+
+_records: dict[int, torch.Tensor] = {}  # device index -> the record
+_addresses: dict[int, int] = {}  # device index -> its data_ptr (read while torch.compile traces: a plain int)
+_ring: list = [None] * RING  # seq % RING -> (seq, op, shape, vocab)
+_counter = itertools.count(1)
+_lock = threading.Lock()
+
+
+@torch._dynamo.assume_constant_result
+def _mode_for_trace() -> str:  # read once when torch.compile traces: a compiled graph bakes the mode in
+    return envflags.validate_mode()
+
+
+def _fresh_record(device: torch.device) -> torch.Tensor:
+    rec = torch.zeros(4, dtype=torch.int64, device=device)
+    rec[:1].fill_(EMPTY)  # fill_ with a Python number: a kernel argument, no host-to-device copy
+    return rec
+
+
+def _reset(rec: torch.Tensor) -> None:
+    rec.zero_()
+    rec[:1].fill_(EMPTY)
+
+
+def record(device: torch.device) -> torch.Tensor:
+    """The device's record, made on first use (an eager call or ``check_errors`` makes it before any capture)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    rec = _records.get(index)
+    if rec is None:
+        with _lock:
+            rec = _records.get(index)
+            if rec is None:
+                rec = _make_record(torch.device("cuda", index))
+                _records[index] = rec
+                _addresses[index] = rec.data_ptr()
+    return rec
+
+
+def _make_record(device: torch.device) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        # made inside the graph, its fill would run at every replay (clearing it) and its memory would be the
+        # graph's: the capture needs a record made before it
+        raise RuntimeError(f"rlkernel: no error record on {device} yet, and a CUDA graph is being captured: make one "
+                           f"eager rlkernel call (or call rlkernel.check_errors({str(device)!r})) before capturing")
+    return _fresh_record(device)
+
+
+def begin(op: str, device: torch.device, shape, vocab: int) -> tuple[int, int, bool]:
+    """(record address, sequence number, raise after the call) for one op call on a CUDA device; address 0 reports
+    nothing (RLKERNEL_VALIDATE=0). The environment is read once per call, here."""
+    if torch.compiler.is_compiling():
+        if _mode_for_trace() == "0":
+            return 0, 0, False
+        # the record must exist before tracing (any eager call or check_errors makes it): a plain int here
+        return _addresses.get(device.index if device.index is not None else 0, 0), COMPILED_SEQ, False
+    raw = os.environ.get("RLKERNEL_VALIDATE")
+    mode = "1" if raw is None or raw == "1" else envflags.validate_mode()
+    if mode == "0":
+        return 0, 0, False
+    address = _addresses.get(device.index) if device.index is not None else None
+    if address is None:
+        record(device)
+        address = _addresses[device.index if device.index is not None else torch.cuda.current_device()]
+    seq = next(_counter) % (_SEQ_LIMIT - 1) + 1  # 1 .. 2^31 - 1: 0 belongs to compiled calls
+    _ring[seq % RING] = (seq, op, shape, vocab)  # shape: a torch.Size (immutable)
+    return address, seq, mode == "sync"
+
+
+def after_call(device: torch.device, sync: bool) -> None:
+    """RLKERNEL_VALIDATE=sync (``begin``'s third answer): raise inside the call, a host sync, skipped while a CUDA
+    graph is captured."""
+    if sync and not torch.cuda.is_current_stream_capturing():
+        check_errors(device)
+
+
+def note_native(op_code: int, seq: int, address: int, device: torch.device, bad: torch.Tensor,
+                values: torch.Tensor | None) -> None:
+    """The native path's report, with device-side tensor ops (no sync): the first ``bad`` position (flattened) and
+    its value go into the device's record if they come before what it holds. Ordered on the current stream."""
+    if address != 0:
+        note(record(device), op_code, seq, bad, values)
+
+
+def note(rec: torch.Tensor, op_code: int, seq: int, bad: torch.Tensor, values: torch.Tensor | None) -> None:
+    """Keep (key of the first ``bad`` position of call ``seq``, op_code, its value) in ``rec`` if that key is below
+    the one ``rec`` holds; tensor ops only, on any device."""
+    flat = bad.reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        return
+    positions = torch.arange(n, device=flat.device, dtype=torch.int64) + (seq << 32)
+    keys = torch.where(flat, positions, torch.full_like(positions, EMPTY))
+    key, first = keys.min(0)
+    # index_select, not values[first]: indexing by a 0-dim tensor reads it back to the host
+    value = values.reshape(-1).index_select(0, first.view(1)).view(()).to(torch.int64) if values is not None \
+        else torch.full_like(key, -1)
+    new = torch.stack([key, torch.full_like(key, op_code), value])
+    rec[:3] = torch.where(key < rec[0], new, rec[:3])
+
+
+def _position(flat: int, shape) -> tuple[int, ...]:
+    pos = []
+    for size in reversed(tuple(shape)):
+        pos.append(flat % size if size else 0)
+        flat //= max(size, 1)
+    return tuple(reversed(pos))
+
+
+def describe(key: int, op_code: int, value: int) -> Exception:
+    """The exception the CPU path raises for this record entry, naming the op, the call and the position."""
+    seq, flat = key >> 32, key & 0xFFFFFFFF
+    call = _ring[seq % RING] if seq != COMPILED_SEQ else None
+    if call is not None and call[0] == seq:
+        _, op, shape, vocab = call
+        where, which = _position(flat, shape), f"call #{seq}"
+    else:
+        op = "sample" if op_code == ERR_SAMPLE_NO_DIST else "logp.forward"
+        shape, vocab = None, None
+        where = flat
+        which = "a torch.compile'd call" if seq == COMPILED_SEQ else f"call #{seq}, no longer remembered"
+        which += ", flat position"
+    if op_code == ERR_SAMPLE_NO_DIST:  # rows are counted flat, as the CPU path names them
+        return ValueError(f"sample: row {flat} has no finite probabilities (all -inf or NaN logits) [{which}]")
+    size = f", vocab size {vocab}" if vocab is not None else ""
+    return IndexError(f"{op}: token id out of range at position {where} (id {value}{size}) [{which}]")
+
+
+def check_errors(device=None) -> None:
+    """Synchronise ``device`` (default: the current CUDA device), read its error record, clear it, and raise the
+    first error it holds: ``IndexError`` (a bad token id) or ``ValueError`` (a row without a distribution).
+    A no-op on CPU (the CPU path raises at once) and where CUDA is absent."""
+    if device is None:
+        if not torch.cuda.is_available():
+            return
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    rec = record(device)
+    torch.cuda.synchronize(device)
+    key, op_code, value, _ = rec.tolist()
+    if key == EMPTY:
+        return
+    _reset(rec)
+    raise describe(key, op_code, value)

@@ -1,0 +1,84 @@
+"""Text made safe for where people read it. Torch-free and dependency-free: the analyzer, the profile suite and
+tools/traces/strip_export.py share it.
+
+- :func:`scrub_paths`: absolute paths -> ``<path>/<basename>`` (what the stripped fixtures hold, and what a report
+  shows of a run's command line: no user names or home directories).
+- :func:`to_spreadsheet` / :func:`from_spreadsheet`: CSV formula injection. A spreadsheet evaluates a cell that
+  begins with ``=``, ``+``, ``-`` or ``@`` (and some strip a leading tab or CR first), so a kernel name or an
+  NVTX message like ``=HYPERLINK(...)`` would run as a formula. Every CSV written for people (the analyzer's
+  tables, the profile suite's report) passes its *text* cells through :func:`to_spreadsheet`, which puts one
+  ``'`` in front of such a cell (and of one that already begins with ``'``, so the mapping can be undone
+  exactly); numbers, and text that is a plain number (``-1.5``), are left alone. ``'`` is what a spreadsheet
+  itself takes as "this cell is text" and does not show. :func:`from_spreadsheet` undoes it: a program that
+  reads these CSVs back (and the tests that compare their names with nsys's) drops one leading ``'``.
+  ``ncu.csv`` in a run directory is an input the analyzer joins on, never neutralised.
+- :func:`terminal` and :func:`visible`: control characters in names (NUL, ESC, newlines, C1 codes, bidi
+  controls) reach the terminal escaped (``\\x1b``, ``\\n``: no colour change, no forged line) and the HTML as
+  visible symbols (U+2400 Control Pictures: ``␛``, ``␊``, ``␀``; other non-printables as ``\\x9b``). CSV cells
+  keep them exactly (quoted as CSV requires): the CSVs are data.
+"""
+from __future__ import annotations
+
+import re
+
+# An absolute path token: "/" then non-separators, at the start of the value or after a space, quote, "=", ":",
+# "(", "," or "[" (so "a/b", "<path>/x" and "kworker/0:1" are not paths).
+PATH_TOKEN = re.compile(r"""(?:^|(?<=[\s"'=:(,\[]))/[^\s"'`,;()\[\]{}<>|]+""")
+
+
+def _basename(m: re.Match) -> str:
+    parts = [p for p in m.group(0).split("/") if p]
+    return f"<path>/{parts[-1]}" if parts else m.group(0)
+
+
+def scrub_paths(value):
+    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is."""
+    if not isinstance(value, str) or "/" not in value:
+        return value
+    return PATH_TOKEN.sub(_basename, value)
+
+
+# What a spreadsheet may take as the start of a formula; "'" is included so that to_spreadsheet is reversible.
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r", "'")
+NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def to_spreadsheet(value):
+    """A CSV cell safe to open in a spreadsheet: text that begins with = + - @ tab CR or ' gets a leading ';
+    anything else (numbers, None, text that is a plain number) is returned as is."""
+    if isinstance(value, str) and value[:1] in FORMULA_LEADS and not NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
+def from_spreadsheet(value):
+    """The text :func:`to_spreadsheet` was given: one leading ' dropped (text cells only)."""
+    if isinstance(value, str) and value[:1] == "'" and value[1:2] in FORMULA_LEADS and value[1:2]:
+        return value[1:]
+    return value
+
+
+_C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(c: str) -> str:
+    o = ord(c)
+    return _C_ESCAPES.get(c) or (f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}")
+
+
+def terminal(text: str) -> str:
+    """``text`` safe to print: every non-printable character (C0, DEL, C1, line separators, format controls)
+    as a Python-style escape, so a name cannot move the cursor, recolour the terminal or forge a line."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters shown: C0 codes and DEL as their Control Pictures (``␀``, ``␛``,
+    ``␊``, ``␡``), any other non-printable character as a Python-style escape."""
+    if text.isprintable():
+        return text
+    out = []
+    for c in text:
+        o = ord(c)
+        out.append(c if c.isprintable() else chr(0x2400 + o) if o < 0x20 else "\u2421" if o == 0x7F else _escape(c))
+    return "".join(out)
