@@ -7,9 +7,11 @@ run's manifest, and the command line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pathlib
 import sys
+import threading
 import time
 
 import pandas as pd
@@ -18,17 +20,24 @@ from pipelines import ncu_csv, sql, trace_db
 
 DEFAULT_PATTERNS = ("rlkernel_*",)
 
-# The exact columns of each output CSV (issue 8).
+# The exact columns of each output CSV (issue 8; GPU time apart from the span: issue 18). docs/trace-schema.md,
+# "Output columns", says what each one is.
+GPU_TIME = ["kernel_ns", "gpu_busy_ns", "gpu_idle_ns", "host_syncs", "dtoh_copies"]
 COLUMNS = {
     "kernel_summary": ["kernel", "kernel_short", "instances", "total_ns", "avg_ns", "med_ns", "min_ns", "max_ns",
                        "stddev_ns", "time_pct"],
-    "range_summary": ["range", "style", "instances", "range_total_ns", "proj_total_ns", "gpu_ops"],
+    "range_summary": ["range", "style", "instances", "range_total_ns", "proj_total_ns", "gpu_ops", *GPU_TIME],
     "range_kernels": ["range", "style", "kernel", "kernel_short", "kernel_instances", "total_ns", "avg_ns",
                       "med_ns", "min_ns", "max_ns", "stddev_ns"],
     "dispatch": ["level", "range", "instance", "start_ns", "verdict", "fused_kernels", "other_kernels",
-                 "proj_gpu_ns"],
-    "bandwidth": ["workload", "instances", "bytes", "mean_proj_gpu_ns", "gb_per_s", "peak_gb_per_s", "pct_of_peak",
-                  "ncu_launches", "ncu_dram_bytes", "ncu_gpu_time_ns", "ncu_gb_per_s", "ncu_dram_pct_of_peak"],
+                 "proj_gpu_ns", *GPU_TIME],
+    "gaps": ["pid", "device_id", "start_ns", "end_ns", "gap_ns"],
+    "utilization": ["pid", "device_id", "start_ns", "dur_ns", "in_use_pct", "busy_pct"],
+    "repetition_gaps": ["workload", "instance", "rank", "gap_start_ns", "gap_ns", "host_calls", "host_syncs",
+                        "outside_calls_ns", "longest_calls"],
+    "bandwidth": ["workload", "instances", "bytes", "mean_proj_gpu_ns", "mean_gpu_busy_ns", "gb_per_s",
+                  "peak_gb_per_s", "pct_of_peak", "ncu_launches", "ncu_dram_bytes", "ncu_gpu_time_ns", "ncu_gb_per_s",
+                  "ncu_dram_pct_of_peak"],
 }
 
 
@@ -52,10 +61,61 @@ class Result:
     patterns: list[str]
     counts: dict[str, int]
     seconds: float
+    held_syncs: pd.DataFrame | None = None  # queries/held_syncs.sql: syncs inside instances that must not block
+    timeline: pd.DataFrame | None = None  # queries/timeline.sql: one steady-state repetition per workload
+    first_calls: pd.DataFrame | None = None  # queries/first_calls.sql: each op range's first call apart
 
 
 def progress(msg: str) -> None:
     print(f"analyze: {msg}", file=sys.stderr, flush=True)
+
+
+HEARTBEAT_S = 10.0  # the longest silence while a big trace stages (issue 18)
+GAP_MS = 1  # gaps.csv: GPU idle gaps longer than this (nsys gpu_gaps' `gap` option; its default is 500)
+UTIL_CHUNKS = 30  # utilization.csv: gpu_time_util's default chunk count; every chunk kept (threshold: none)
+REPETITION_GAPS = 3  # repetition_gaps.csv: the longest gaps of each workload repetition
+TIMELINE_ITEMS = 400  # the report's timeline: at most this many items of each kind per workload (longest first)
+
+
+class Heartbeat:
+    """The current step and its fraction done, printed when it starts and again every ``every`` seconds while it
+    runs: DuckDB releases the GIL while a statement runs, so a daemon thread can speak meanwhile."""
+
+    def __init__(self, label: str, every: float = HEARTBEAT_S):
+        self.label, self.every, self.t0 = label, every, time.perf_counter()
+        self.phase, self.step, self.frac, self._stop = "staging", "", 0.0, threading.Event()
+        self._lock = threading.Lock()
+        self._last, self._said = self.t0, False
+
+    def _say(self, still: bool) -> None:
+        with self._lock:
+            self._last, self._said = time.perf_counter(), True
+            progress(f"{self.label}: {'still ' if still else ''}{self.phase} {self.step} ({self.frac:.0%} of "
+                     f"{self.phase} done, {self._last - self.t0:.1f} s)")
+
+    def __call__(self, step: str, done: int, total: int, phase: str | None = None) -> None:
+        """A new step: said at once unless something was said in the last fifth of a heartbeat (small traces
+        stay quiet); the heartbeat says it later if it runs long."""
+        self.phase = phase or self.phase
+        self.step, self.frac = step, done / max(total, 1)
+        if not self._said or time.perf_counter() - self._last >= self.every / 5:
+            self._say(False)
+
+    def _run(self) -> None:
+        poll = self.every / 20  # speak a poll early, so that no silence outlasts `every`
+        while not self._stop.wait(poll):
+            if self.step and time.perf_counter() - self._last >= self.every - poll:
+                self._say(True)
+
+    @contextlib.contextmanager
+    def running(self):
+        t = threading.Thread(target=self._run, daemon=True)
+        t.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            t.join()
 
 
 def registry() -> dict[str, dict]:
@@ -136,11 +196,17 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
 
 
 def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None) -> Result:
+    with Heartbeat(src.trace.name).running() as beat:
+        return _analyze(src, patterns, ranges, con, beat)
+
+
+def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat) -> Result:
     t0 = time.perf_counter()
+    beat.phase, beat.step = "loading", "the export"  # said only if it outlasts a heartbeat: bad input stays one line
     trace = trace_db.open_trace(src.trace, con)
     c = trace.con
     progress(f"{src.trace.name}: loaded in {time.perf_counter() - t0:.1f} s; staging")
-    sql.stage(c)
+    sql.stage(c, lambda step, done, total: beat(step, done, total, "staging"))
     counts = dict(zip(("kernels", "memory_ops", "ranges"), c.execute(
         "SELECT count(*) FILTER (WHERE kind = 'kernel'), count(*) FILTER (WHERE kind <> 'kernel'), "
         "(SELECT count(*) FROM ranges) FROM gpu_ops").fetchone(), strict=True))
@@ -157,7 +223,12 @@ def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), co
         c.executemany("INSERT INTO workload_spec VALUES (?, ?, ?, ?)", [list(s) for s in specs])
     pats = fused_patterns(src.manifest, known, {s[1] for s in specs}, list(patterns))
 
-    tables = {name: sql.frame(c, name) for name in ("kernel_summary", "range_summary", "range_kernels")}
+    questions = ("kernel_summary", "range_summary", "range_kernels", "verdicts", "workload_summary")
+    tables = {}
+    for i, name in enumerate(questions[:3]):
+        beat(name, i, len(questions), "questions")
+        tables[name] = sql.frame(c, name)
+    beat("verdicts", 3, len(questions), "questions")
     c.execute("CREATE OR REPLACE TEMP TABLE dispatch AS " + sql.text("verdicts"),
               {"patterns": pats, "native_ops": native_ops(src.manifest)})
     dispatch = c.execute("SELECT * FROM dispatch").df()
@@ -172,9 +243,25 @@ def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), co
         c.executemany("INSERT INTO manifest_workloads VALUES (?, ?, ?)", mw)
         load_ncu(c, src.ncu_csv)
         tables["bandwidth"] = sql.frame(c, "bandwidth")
+    held = sql.frame(c, "held_syncs", {"ranges": list(ranges)})
+    tables["gaps"] = sql.frame(c, "gpu_gaps", {"gap_ns": GAP_MS * 1_000_000})
+    tables["utilization"] = sql.frame(c, "gpu_time_util", {"chunks": UTIL_CHUNKS, "threshold": float("inf")})
+    tables["repetition_gaps"] = sql.frame(c, "repetition_gaps", {"top": REPETITION_GAPS})
+    timeline = sql.frame(c, "timeline", {"max_items": TIMELINE_ITEMS})
+    first_calls = sql.frame(c, "first_calls")
     seconds = time.perf_counter() - t0
     progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
-    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds)
+    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held, timeline, first_calls)
+
+
+def sync_failures(result: Result) -> list[str]:
+    """--require-no-sync: each host sync inside a fused op range, a fused single-op workload's repetition or a
+    --range instance, naming the instance and the call (queries/held_syncs.sql says which instances)."""
+    h = result.held_syncs
+    if h is None:
+        return []
+    return [f"{r.level} {r.range} #{int(r.instance)}: {r.api} ({r.rule}) at {int(r.call_start)} ns, "
+            f"blocking {int(r.call_ns)} ns" for r in h.itertuples(index=False)]
 
 
 def failures(result: Result) -> list[str]:

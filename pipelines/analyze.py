@@ -16,7 +16,7 @@ import sys
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, report, sql, trace_db
+from pipelines import analysis, compare, report, trace_db
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
@@ -43,10 +43,11 @@ def parser() -> argparse.ArgumentParser:
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
-               "bandwidth.csv (when the manifest gives bytes), compare.csv (with --compare), report.html; CSV text "
-               "cells that a spreadsheet would take for a formula (=, +, -, @) get a leading ' (docs/contracts.md, "
-               "section 9). "
-               "Exit codes: 0 done, 1 a requested check failed (--require-fused, --compare), "
+               "gaps.csv and utilization.csv (as nsys analyze's gpu_gaps and gpu_time_util), repetition_gaps.csv, "
+               "bandwidth.csv (when the manifest gives bytes), compare.csv and compare.json (with --compare), "
+               "report.html; CSV text cells that a spreadsheet would take for a formula (=, +, -, @) get a leading ' "
+               "(docs/contracts.md, section 9). "
+               "Exit codes: 0 done, 1 a requested check failed (--require-fused, --require-no-sync, --compare), "
                "2 bad input, 3 this machine lacks the sqlite extension package.")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="a run directory of pipelines.capture (trace.sqlite + manifest.json) "
@@ -64,11 +65,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--require-fused", action="store_true",
                    help="after writing the reports, exit 1 when a workload that must be fused (one with "
                         "fused_ops, or a *-fused range) or one of its required op ranges is not fused")
+    p.add_argument("--require-no-sync", action="store_true",
+                   help="after writing the reports, exit 1 when a fused op range, a repetition of a fused single-op "
+                        "workload or a --range instance holds a host sync (NVIDIA's rules cuda_api_sync, "
+                        "cuda_memcpy_sync, cuda_memcpy_async, cuda_memset_sync), naming the instance and the call")
     p.add_argument("--compare", metavar="BASELINE", type=pathlib.Path,
-                   help="a baseline run directory or .sqlite: per workload and kernel time deltas and verdict "
-                        "changes (compare.csv and the HTML); exit 1 on a regression of a fused workload")
+                   help="a baseline run directory or .sqlite: per workload and kernel, both sides' instance counts "
+                        "and median time per instance, deltas and verdict changes (compare.csv, compare.json and "
+                        "the HTML); exit 1 when a fused workload's median GPU busy time per repetition regresses")
     p.add_argument("--threshold", metavar="PCT", type=float, default=5.0,
                    help="--compare: percent slower that counts as a regression (default 5)")
+    p.add_argument("--force", action="store_true",
+                   help="--compare: write the comparison even when the runs are not comparable (another GPU model, "
+                        "other workloads or shapes, another kernel set), marked as not comparable; without it such "
+                        "a comparison exits 2 saying why")
     return p
 
 
@@ -233,24 +243,18 @@ def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.R
 
 def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
     try:
-        return _compare_frames(cur, base, threshold)
+        return compare.frame(cur, base, threshold)
     except NUMERIC_ERRORS as e:
         raise _out_of_range(base.source.trace, e) from None
 
 
-def _compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
-    con = duckdb.connect(":memory:")
-    for prefix, r in (("cur", cur), ("base", base)):
-        con.register(f"{prefix}_workloads", r.workloads)
-        con.register(f"{prefix}_kernels", r.tables["kernel_summary"])
-    return con.execute(sql.text("compare"), {"threshold": threshold}).df()
-
-
-def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str]) -> dict[str, bytes]:
+def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],
+            cmp_meta: dict | None = None) -> dict[str, bytes]:
     files = {f"{name}.csv": report.csv_bytes(df, analysis.COLUMNS[name]) for name, df in res.tables.items()}
     if cmp is not None:
         files["compare.csv"] = report.csv_bytes(cmp, list(cmp.columns))
-    files["report.html"] = report.render_html(res, res.tables, cmp, analysis.COLUMNS, fails)
+        files["compare.json"] = compare.to_json(cmp, cmp_meta or {})
+    files["report.html"] = report.render_html(res, res.tables, cmp, analysis.COLUMNS, fails, cmp_meta)
     return files
 
 
@@ -268,6 +272,18 @@ def check_outputs(outs: list[pathlib.Path]) -> None:
             report.check_target(out)
         except report.OutputError as e:
             raise UsageError(str(e)) from None
+
+
+def comparison_meta(res: analysis.Result, inp: pathlib.Path, base: analysis.Result, args) -> dict:
+    """Both sides named, and the comparability verdict; UsageError (exit 2, one line) when the runs are not
+    comparable and --force was not given."""
+    reasons = compare.comparability(res, base)
+    if reasons and not args.force:
+        raise UsageError(f"{inp} is not comparable with the baseline {args.compare}: {'; '.join(reasons)} "
+                         "(--force writes the comparison anyway, marked as not comparable)")
+    return {"baseline": compare.describe(base, args.compare), "current": compare.describe(res, inp),
+            "comparable": not reasons, "reasons": reasons, "forced": bool(reasons), "threshold_pct": args.threshold,
+            "gate": "median GPU busy time per repetition of each fused workload, and its fused verdict"}
 
 
 def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
@@ -301,25 +317,36 @@ def run(args: argparse.Namespace) -> int:
     results = [analyze_source(s, args) for s in sources]
     check_ranges(args.ranges, results)
     base = analyze_source(base_src, args) if base_src is not None else None
+    metas = [None] * len(results)
+    if base is not None:
+        metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, inputs, strict=True)]
     compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK
-    for res, out, cmp in zip(results, outs, compares, strict=True):
+    for res, out, cmp, meta in zip(results, outs, compares, metas, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
+        syncs = analysis.sync_failures(res) if args.require_no_sync else []
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails), on_wait=lambda out=out: say(
-                f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
+            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
+                                         on_wait=lambda out=out: say(
+                                             f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
         except report.OutputError as e:
             raise UsageError(str(e)) from None
         say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
-            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_proj_gpu_ns)} GPU each)")
+            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
+                "each)")
         for f in fails:
             say(f"{PROG}: not fused: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
+        for f in syncs:
+            say(f"{PROG}: host sync: {f}", sys.stderr)
+            rc = EXIT_CHECK_FAILED
         if cmp is not None:
             for r in cmp[cmp["regression"]].itertuples(index=False):
-                say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, "
-                    f"delta {r.delta_pct}% (threshold {args.threshold}%)", sys.stderr)
+                say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, median "
+                    f"{report.fmt_ns(r.base_med_ns)} -> {report.fmt_ns(r.cur_med_ns)} GPU busy per repetition "
+                    f"({r.base_instances} -> {r.cur_instances} repetitions), delta {r.delta_pct}% "
+                    f"(threshold {args.threshold}%)", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
 

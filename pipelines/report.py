@@ -19,7 +19,7 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from pipelines import datafiles, swap
+from pipelines import datafiles, swap, timeline
 from pipelines.runs import ENV_ALLOWED
 from rlkernel import textsafe
 
@@ -103,7 +103,8 @@ def _integral_floats(col: pd.Series) -> bool:
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
 # its reports, and is never replaced.
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
-                          "bandwidth.csv", "compare.csv", "report.html"})
+                          "bandwidth.csv", "compare.csv", "compare.json", "gaps.csv", "utilization.csv",
+                          "repetition_gaps.csv", "report.html"})
 
 
 class OutputError(Exception):
@@ -330,10 +331,11 @@ def provenance(result) -> dict:
     return {k: textsafe.scrub_paths(str(v)) for k, v in out.items()}
 
 
-def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str]) -> bytes:
+def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
+                compare_meta: dict | None = None) -> bytes:
     wl = result.workloads
     badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
-               "mean": r["mean_proj_gpu_ns"]} for _, r in wl.iterrows()] if wl is not None else []
+               "mean": r["mean_gpu_busy_ns"]} for _, r in wl.iterrows()] if wl is not None else []
     ctx = {
         "title": result.source.run_dir.name if result.source.run_dir else result.source.trace.name,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
@@ -344,13 +346,20 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "badges": badges,
         "failures": failures,
         "kernel_bars": bar_chart(tables.get("kernel_summary"), "kernel_short", "total_ns", title="kernel"),
-        "range_bars": bar_chart(tables.get("range_summary"), "range", "proj_total_ns"),
+        "range_bars": bar_chart(tables.get("range_summary"), "range", "gpu_busy_ns"),
         "tables": {name: table(df, columns.get(name, list(df.columns) if df is not None else []))
                    for name, df in tables.items()},
         "workloads": table(wl, ["range", "verdict", "instances", "fused_kernels", "other_kernels",
-                                "mean_proj_gpu_ns"]),
-        "compare": table(compare, ["kind", "name", "base_ns", "cur_ns", "delta_pct", "base_verdict",
-                                   "cur_verdict", "regression"]) if compare is not None else None,
+                                "mean_gpu_busy_ns", "med_gpu_busy_ns", "mean_kernel_ns", "mean_proj_gpu_ns",
+                                "host_syncs", "dtoh_copies"]),
+        "compare": table(compare, ["kind", "name", "base_instances", "cur_instances", "base_med_ns", "cur_med_ns",
+                                   "delta_pct", "base_verdict", "cur_verdict", "regression"])
+        if compare is not None else None,
+        "compare_meta": compare_meta or {},
+        "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
+        "first_calls": table(getattr(result, "first_calls", None),
+                             ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",
+                              "steady_med_dur_ns", "steady_med_proj_ns", "steady_med_busy_ns"]),
         "verdict_order": VERDICT_ORDER,
     }
     return environment().get_template("report.html.j2").render(**ctx).encode()

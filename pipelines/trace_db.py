@@ -28,10 +28,11 @@ SCHEMA: dict[str, dict[str, str]] = {
         "globalPid": "BIGINT", "demangledName": "BIGINT", "shortName": "BIGINT", "graphNodeId": "BIGINT"},
     "CUPTI_ACTIVITY_KIND_MEMCPY": {
         "start": "BIGINT", "end": "BIGINT", "deviceId": "BIGINT", "streamId": "BIGINT", "correlationId": "BIGINT",
-        "globalPid": "BIGINT", "bytes": "BIGINT", "copyKind": "BIGINT", "graphNodeId": "BIGINT"},
+        "globalPid": "BIGINT", "bytes": "BIGINT", "copyKind": "BIGINT", "srcKind": "BIGINT", "dstKind": "BIGINT",
+        "srcDeviceId": "BIGINT", "dstDeviceId": "BIGINT", "graphNodeId": "BIGINT"},
     "CUPTI_ACTIVITY_KIND_MEMSET": {
         "start": "BIGINT", "end": "BIGINT", "deviceId": "BIGINT", "streamId": "BIGINT", "correlationId": "BIGINT",
-        "globalPid": "BIGINT", "bytes": "BIGINT", "graphNodeId": "BIGINT"},
+        "globalPid": "BIGINT", "bytes": "BIGINT", "memKind": "BIGINT", "graphNodeId": "BIGINT"},
     "CUPTI_ACTIVITY_KIND_RUNTIME": {
         "start": "BIGINT", "end": "BIGINT", "globalTid": "BIGINT", "correlationId": "BIGINT", "nameId": "BIGINT"},
     "NVTX_EVENTS": {

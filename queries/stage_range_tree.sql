@@ -1,5 +1,6 @@
--- Stage: the push/pop nesting of each thread, from one sweep over its range boundaries in time order
--- (window functions, no interval join: a million ranges cost a sort, not a million-squared comparison).
+-- Stage: the push/pop nesting of each thread (verdicts.sql asks which workload repetition holds an op range),
+-- from one sweep over its range boundaries in time order (window functions, no interval join: a million
+-- ranges cost a sort, not a million-squared comparison). Attribution of launches is stage_range_ops.sql's.
 --
 -- pp_events: each range's start (+1) and end (-1) in stack order. At one timestamp, ranges that end come
 -- first, then zero-length ranges (opened and closed there), then ranges that start; among starts the longer
@@ -32,13 +33,6 @@ SELECT s.range_id, s.tid, s.depth, p.range_id AS parent_id
 FROM starts AS s
 ASOF LEFT JOIN starts AS p
     ON s.tid = p.tid AND s.depth - 1 = p.depth AND s.seq > p.seq;
-
--- pp_state: the innermost open range of a thread after each boundary timestamp (NULL: none open).
-CREATE OR REPLACE TEMP TABLE pp_state AS
-SELECT e.tid, e.ts, CASE WHEN e.delta = 1 THEN e.range_id ELSE t.parent_id END AS open_id
-FROM pp_events AS e
-JOIN range_tree AS t USING (range_id)
-QUALIFY row_number() OVER (PARTITION BY e.tid, e.ts ORDER BY e.seq DESC) = 1;
 
 -- range_anc: every (range, enclosing range) pair, the range itself included.
 CREATE OR REPLACE TEMP TABLE range_anc AS

@@ -1,5 +1,5 @@
 -- Question: did each op call and each workload repetition run the fused path?
--- Judged per range instance. Op ranges are `rlkernel:op.<op>`; workload ranges are those listed in the temp
+-- Judged per range instance, with its GPU time (stage_range_instances.sql). Op ranges are `rlkernel:op.<op>`; workload ranges are those listed in the temp
 -- table workload_spec(range, name, fused_ops, expects_fused), built from the registry, the run manifest and
 -- --range. Parameters: $patterns (kernel-name globs that prove the fused path, matched against the short and
 -- the demangled name) and $native_ops (ops whose dispatch records say they ran native on purpose).
@@ -96,11 +96,13 @@ wl_verdicts AS (
     LEFT JOIN wl_ops AS c ON c.wl_range_id = w.range_id
 )
 SELECT 'workload' AS level, range, instance, start AS start_ns, verdict, fused_kernels, other_kernels,
-       proj_ns AS proj_gpu_ns, workload, expects_fused AS required_fused, NULL::VARCHAR AS in_workload,
+       proj_ns AS proj_gpu_ns, kernel_ns, gpu_busy_ns, gpu_idle_ns, host_syncs, dtoh_copies, "end" AS end_ns,
+       range_id, workload, expects_fused AS required_fused, NULL::VARCHAR AS in_workload,
        NULL::BIGINT AS in_workload_instance
 FROM wl_verdicts
 UNION ALL
 SELECT 'op', o.range, o.instance, o.start, o.verdict, o.fused_kernels, o.other_kernels, o.proj_ns,
+       o.kernel_ns, o.gpu_busy_ns, o.gpu_idle_ns, o.host_syncs, o.dtoh_copies, o."end", o.range_id,
        NULL, o.required_fused, w.range, w.instance
 FROM op_verdicts AS o
 LEFT JOIN range_instances AS w ON w.range_id = o.wl_range_id

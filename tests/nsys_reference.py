@@ -1,13 +1,22 @@
 """Read the `nsys stats` CSVs stored beside each fixture trace (tests/data/<case>/stats_<report>.csv)."""
 from __future__ import annotations
 
+import functools
 import pathlib
 import sqlite3
 
 import pandas as pd
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
-CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda")
+CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda", "verl_ranges", "sync_loop")
+
+
+@functools.cache
+def analyzed(case: str):
+    """The analyzer's result on a fixture, once per test session (the trace is read-only)."""
+    from pipelines import analysis
+
+    return analysis.analyze(analysis.Source(DATA / case / "trace.sqlite"))
 
 
 def stats(case: str, report: str) -> pd.DataFrame:

@@ -31,8 +31,8 @@ def test_outputs_have_the_exact_columns(tmp_path):
     out = tmp_path / "rep"
     assert main(DATA / "verdicts", "--out", out) == 0
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["bandwidth.csv", "dispatch.csv", "kernel_summary.csv", "range_kernels.csv",
-                     "range_summary.csv", "report.html"]
+    assert names == ["bandwidth.csv", "dispatch.csv", "gaps.csv", "kernel_summary.csv", "range_kernels.csv",
+                     "range_summary.csv", "repetition_gaps.csv", "report.html", "utilization.csv"]
     for name, cols in analysis.COLUMNS.items():
         assert header(out / f"{name}.csv") == cols, name
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left behind
@@ -46,7 +46,7 @@ def test_bandwidth_uses_manifest_bytes_and_the_gpu_peak(tmp_path):
     r = rows["logp-native"]
     assert int(r["bytes"]) == next(w["bytes"] for w in m["workloads"] if w["name"] == "logp-native")
     # bytes per ns is GB/s; the peak is TARGET_INFO_GPU.memoryBandwidth (bytes/s) of the H200 that ran it.
-    assert abs(float(r["gb_per_s"]) - int(r["bytes"]) / float(r["mean_proj_gpu_ns"])) < 0.01
+    assert abs(float(r["gb_per_s"]) - int(r["bytes"]) / float(r["mean_gpu_busy_ns"])) < 0.01  # busy, not span
     assert float(r["peak_gb_per_s"]) == pytest.approx(4814.3, abs=0.1)
 
 
@@ -210,7 +210,8 @@ def test_stale_outputs_of_an_earlier_run_do_not_survive(tmp_path):
     assert main(DATA / "nvtx_mix", "--out", out) == 0
     names = sorted(p.name for p in out.iterdir())
     assert "compare.csv" not in names and "bandwidth.csv" not in names  # nvtx_mix has no manifest
-    assert names == ["dispatch.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv", "report.html"]
+    assert names == ["dispatch.csv", "gaps.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv",
+                     "repetition_gaps.csv", "report.html", "utilization.csv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary sibling left
 
 
@@ -357,7 +358,9 @@ def test_compare_flags_a_slower_fused_workload(tmp_path, capsys):
 def test_compare_flags_a_lost_fused_verdict(tmp_path, capsys):
     cur = _copy_trace(tmp_path, "cur", "UPDATE StringIds SET value = replace(value, 'rlkernel_', 'aten_like_')")
     out = tmp_path / "cmp"
-    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--out", out) == 1
+    # Renamed kernels are another kernel set: not comparable (exit 2) unless --force, which still gates.
+    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--out", out) == 2
+    assert main(cur, "--compare", DATA / "verdicts", "--threshold", "100000", "--force", "--out", out) == 1
     rows = {(r["kind"], r["name"]): r for r in csv.DictReader(open(out / "compare.csv"))}
     g = rows[("workload", "rlkernel:grpo-step")]
     assert (g["base_verdict"], g["cur_verdict"], g["regression"]) == ("fused", "fallback", "True")

@@ -100,7 +100,7 @@ def test_empty_traces_render(tmp_path):
 
 def test_compare_report(tmp_path):
     cur = copy_case(tmp_path, "verdicts", "UPDATE StringIds SET value = replace(value, 'rlkernel_', 'aten_like_')")
-    rc, out = render(tmp_path, cur, extra=["--compare", str(DATA / "verdicts")])
+    rc, out = render(tmp_path, cur, extra=["--compare", str(DATA / "verdicts"), "--force"])  # another kernel set
     html = (out / "report.html").read_text()
     assert rc == 1
     assert "Compared with the baseline" in html

@@ -106,3 +106,91 @@ def test_trace_schema_doc_lists_every_table_and_column_read():
         assert line is not None, f"docs/trace-schema.md has no row for {table}"
         for c in cols:
             assert f"`{c}`" in line, f"docs/trace-schema.md: {table} row lacks column {c}"
+
+
+def _scale_start_end(n: int, threads: int, cross: bool):
+    """n start/end ranges (eventType 60), one per launch, spread over `threads` threads, each range also
+    overlapped by its neighbour (start/end ranges need not nest); cross: every range ended on another thread."""
+    con = trace_db.connect(threads=1)
+    trace_db.empty_sources(con)
+    con.execute("INSERT INTO src_NVTX_EVENTS (start, \"end\", eventType, text, globalTid, endGlobalTid, domainId) "
+                "SELECT i * 10, i * 10 + 15, 60, 'r', ? | (i % ?), CASE WHEN ? THEN ? | 99 ELSE NULL END, 0 "
+                "FROM range(?) t(i)", [PID, threads, cross, PID, n])
+    con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_RUNTIME SELECT i * 10 + 2, i * 10 + 3, ? | (i % ?), i, 0 "
+                "FROM range(?) t(i)", [PID, threads, n])
+    con.execute("INSERT INTO src_CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", correlationId, globalPid) "
+                "SELECT i * 10 + 4, i * 10 + 6, i, ? FROM range(?) t(i)", [PID, n])
+    return con
+
+
+@pytest.mark.parametrize("cross", [False, True], ids=["same-thread", "cross-thread"])
+def test_start_end_ranges_cost_a_sort_not_a_square(cross):
+    """Start/end ranges overlap freely, yet their attribution is output-sensitive: 200k of them on one thread
+    (or ended on another) stage in seconds, with the same pairs as the interval rule."""
+    import time
+
+    n = 200_000
+    con = _scale_start_end(n, 1, cross)
+    t = time.perf_counter()
+    sql.stage(con)
+    elapsed = time.perf_counter() - t
+    # Range i = [10i, 10i+15] holds launch i ([10i+2, 10i+3]) and launch i+1 ([10i+12, 10i+13]).
+    assert con.execute("SELECT count(*), count(DISTINCT range_id) FROM range_ops").fetchone() == (2 * n - 1, n)
+    assert elapsed < 30, f"staging {n} start/end ranges took {elapsed:.1f} s"
+
+
+def test_start_end_pairs_equal_the_interval_rule_on_every_boundary():
+    """Every (range, launch) pair of the interval rule, no other: launches on a boundary, a launch straddling
+    a cross-thread range's end, zero-length ranges, several threads, a launch between ranges."""
+    con = build(
+        ranges=[("a", 0, 100, T1, 60), ("b", 50, 50, T1, 60), ("c", 20, 51, T1, 60), ("d", 51, 300, T1, 60),
+                ("e", 0, 100, T2, 60), ("x", 30, 61, T1, 60)],
+        launches=[(T1, 0, 1), (T1, 50, 50), (T1, 50, 51), (T1, 51, 52), (T1, 99, 100), (T1, 100, 101),
+                  (T2, 60, 62), (T2, 120, 121), (T1, 400, 401)])
+    con.execute("UPDATE src_NVTX_EVENTS SET endGlobalTid = ? WHERE text = 'x'", [T2])
+    sql.stage(con)
+    got = con.execute("SELECT r.message, o.correlationId FROM range_ops JOIN ranges r USING (range_id) "
+                      "JOIN gpu_ops o USING (op_id) ORDER BY 1, 2").fetchall()
+    want = con.execute("""
+        SELECT r.message, o.correlationId FROM ranges r JOIN gpu_ops o
+          ON (CASE WHEN r.scope = 'thread' THEN o.launch_tid = r.tid ELSE (o.launch_tid >> 24) = r.proc END)
+         AND o.launch_start >= r.start AND o.launch_end <= r."end"
+        ORDER BY 1, 2""").fetchall()
+    assert got == want
+    assert ("b", 101) in got and ("x", 106) not in got and ("x", 102) in got
+
+
+def test_staging_reports_each_step_and_speaks_during_a_long_one(capsys):
+    """Progress names the stage step and the fraction done, and repeats while one step runs long."""
+    import time
+
+    from pipelines import analysis
+
+    con = trace_db.connect(threads=1)
+    trace_db.empty_sources(con)
+    steps = []
+    sql.stage(con, lambda step, done, total: steps.append((step, done, total)))
+    assert [s[0] for s in steps][:2] == ["gpu_ops", "ranges"] and steps[-1][0] == "range_instances"
+    assert [s[1] for s in steps] == list(range(len(steps))) and {s[2] for s in steps} == {len(steps)}
+    beat = analysis.Heartbeat("t.sqlite", every=0.1)
+    with beat.running():
+        beat("range_ops", 7, 10)
+        time.sleep(0.45)  # a step that outlasts several heartbeats
+    err = capsys.readouterr().err
+    assert "t.sqlite: staging range_ops (70% of staging done" in err
+    assert err.count("still staging range_ops (70%") >= 2
+
+
+def test_trace_schema_doc_names_every_output_column():
+    import pathlib
+
+    from pipelines import analysis
+
+    doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "trace-schema.md").read_text()
+    section = doc.split("## Output columns", 1)[1].split("\n## ", 1)[0]
+    for name, cols in analysis.COLUMNS.items():
+        part = section.split(f"`{name}.csv`", 1)
+        assert len(part) == 2, f"docs/trace-schema.md, Output columns: no paragraph for {name}.csv"
+        para = part[1].split("\n\n", 1)[0]
+        for c in cols:
+            assert f"`{c}`" in para, f"{name}.csv: column {c} undocumented"

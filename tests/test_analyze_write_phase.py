@@ -20,7 +20,8 @@ from tests.nsys_reference import DATA
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # nvtx_mix and no_cuda: traces of other programs (no rlkernel ranges), so the subprocess imports no torch
 CASE = DATA / "nvtx_mix"
-SET = {"dispatch.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv", "report.html"}
+SET = {"dispatch.csv", "gaps.csv", "kernel_summary.csv", "range_kernels.csv", "range_summary.csv",
+       "repetition_gaps.csv", "report.html", "utilization.csv"}
 
 
 class Analyze:

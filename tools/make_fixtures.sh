@@ -7,13 +7,14 @@
 #
 # CASE defaults to every fixture case; `many` (the 1M-launch scale trace, not a fixture) runs
 # only when named, with MANY_N launches (default 1000000); MANY_STATS=0 skips its pinned `nsys stats`.
-# Output: OUTDIR/<case>/{trace.sqlite, stats_<report>.csv, stats.log, recorded.json}.
+# Output: OUTDIR/<case>/{trace.sqlite, stats_<report>.csv, stats.log, rules_<rule>.csv, rules.log,
+# recorded.json}: the rules are NVIDIA's expert system on the same stripped file (tools/fixture_rules.sh).
 set -euo pipefail
-case "${1:-}" in -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+case "${1:-}" in -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 OUTDIR=${1:?usage: tools/make_fixtures.sh OUTDIR [CASE ...]}
 shift
-CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda}
-REPORTS=cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum
+CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda verl_ranges sync_loop}
+REPORTS=cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum,cuda_gpu_mem_time_sum
 WORK=$(mktemp -d)
 NSYS_VERSION=$(nsys --version | awk '{print $NF}')
 GPU=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
@@ -47,13 +48,14 @@ for c in $CASES; do
   echo "== $c: stats ($((SECONDS - t0)) s)"
   nsys stats --report $REPORTS --format csv --force-overwrite true --output "$OUTDIR/$c/stats" \
     "$OUTDIR/$c/trace.sqlite" > "$OUTDIR/$c/stats.log" 2>&1 || echo "nsys stats exit $? (see stats.log)"
+  bash "$(dirname "$0")/fixture_rules.sh" "$OUTDIR/$c"
   sum_after=$(sha256sum "$OUTDIR/$c/trace.sqlite" | cut -c1-16)
-  [ "$sum_before" = "$sum_after" ] || echo "WARNING: nsys stats modified $c/trace.sqlite"
+  [ "$sum_before" = "$sum_after" ] || echo "WARNING: nsys stats/analyze modified $c/trace.sqlite"
   python - "$OUTDIR/$c/recorded.json" "$c" "$NSYS_VERSION" "$GPU" "${flags[*]}" <<'PY'
 import datetime, json, sys
 path, case, nsys, gpu, flags = sys.argv[1:]
 json.dump({"case": case, "program": f"tools/traces/{case}.py", "nsys_version": nsys, "gpu": gpu,
-           "nsys_flags": flags, "stats_reports": "cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum",
+           "nsys_flags": flags, "stats_reports": "cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum,cuda_gpu_mem_time_sum",
            "recorded_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")},
           open(path, "w"), indent=1)
 PY

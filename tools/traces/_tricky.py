@@ -41,6 +41,8 @@ def load() -> ctypes.CDLL:
         "tl_fused": (ctypes.c_int, [vp, ctypes.c_int, vp]),
         "tl_spin": (ctypes.c_int, [ctypes.c_longlong, vp]),
         "tl_memset": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_size_t, vp]),
+        "tl_memset_sync": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_size_t]),
+        "tl_memcpy_sync": (ctypes.c_int, [vp, vp, ctypes.c_size_t, ctypes.c_int]),
         "tl_cub_scan": (ctypes.c_int, [vp, vp, ctypes.c_int, vp]),
         "tl_many": (ctypes.c_int, [ctypes.c_longlong, i64, i64]),
     }

@@ -95,6 +95,18 @@ int tl_memset(void* p, int value, size_t bytes, void* stream) {
   return 0;
 }
 
+// The blocking forms NVIDIA's expert rules flag (cuda_memset_sync, cuda_memcpy_sync): plain cudaMemset
+// and cudaMemcpy, on the legacy default stream.
+int tl_memset_sync(void* p, int value, size_t bytes) {
+  CHECK(cudaMemset(p, value, bytes));
+  return 0;
+}
+
+int tl_memcpy_sync(void* dst, const void* src, size_t bytes, int kind) {
+  CHECK(cudaMemcpy(dst, src, bytes, (cudaMemcpyKind)kind));
+  return 0;
+}
+
 // An inclusive scan through CUB: CUB opens its own `CCCL:cub::DeviceScan::InclusiveSum` range
 // (registered string, domain CCCL) around the launches; called twice (size query + run).
 int tl_cub_scan(const int* in, int* out, int n, void* stream) {
