@@ -135,10 +135,14 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
     con.unregister("ncu_df")
 
 
-def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None) -> Result:
+def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None, prepare=None) -> Result:
+    """``prepare(con)``, when given, runs on the loaded ``src_*`` tables before staging (pipelines.ranks keeps
+    one process of a multi-process export there)."""
     t0 = time.perf_counter()
     trace = trace_db.open_trace(src.trace, con)
     c = trace.con
+    if prepare is not None:
+        prepare(c)
     progress(f"{src.trace.name}: loaded in {time.perf_counter() - t0:.1f} s; staging")
     sql.stage(c)
     counts = dict(zip(("kernels", "memory_ops", "ranges"), c.execute(

@@ -103,7 +103,8 @@ def _integral_floats(col: pd.Series) -> bool:
 # Every file the analyzer may write into an output directory: a directory holding anything else is not one of
 # its reports, and is never replaced.
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
-                          "bandwidth.csv", "compare.csv", "report.html"})
+                          "bandwidth.csv", "compare.csv", "report.html",
+                          "ranks.csv", "cross_rank.csv"})  # --ranks (pipelines.cross_rank)
 
 
 class OutputError(Exception):
