@@ -10,6 +10,7 @@ import datetime
 import pathlib
 import sys
 import tempfile
+import time
 import types
 
 import duckdb
@@ -139,7 +140,10 @@ def run(args) -> int:
     out = args.out if args.out is not None else pathlib.Path("reports") / f"ranks-{name}"
     analyze.check_outputs([out])
     jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
-    red = reduce(ranks.run_jobs(jobs, args.executor, args.jobs))
+    t0 = time.perf_counter()
+    partials = ranks.run_jobs(jobs, args.executor, args.jobs)
+    analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
+    red = reduce(partials)
     analyze.check_ranges(args.ranges, [types.SimpleNamespace(tables={"range_summary": red.tables["range_summary"]})])
     fails = failures(red) if args.require_fused else []
     try:
@@ -147,6 +151,7 @@ def run(args) -> int:
             f"{analyze.PROG}: waiting for another run writing beside {out}", sys.stderr))
     except report.OutputError as e:
         raise analyze.UsageError(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
     analyze.say(f"{analyze.PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
     for r in summary(red.cross).itertuples(index=False):
         if r.verdicts or r.range == ranks.WHOLE_TRACE:
