@@ -91,7 +91,9 @@ def summary(cross: pd.DataFrame) -> pd.DataFrame:
                               for r in g.itertuples(index=False)) if len(judged) else ""
         first = g.iloc[0]
         rows.append({"range": rng, "ranks_with_range": int((g["instances"].fillna(1) > 0).sum()),
-                     "slowest_rank": first["slowest_rank"], "spread": first["spread"],
+                     "slowest_rank": first["slowest_rank"],
+                     # as text: the HTML's number format keeps one decimal, a spread needs three
+                     "spread": f"{first['spread']:.3f}" if pd.notna(first["spread"]) else None,
                      "fused_all_ranks": first["fused_all_ranks"], "verdicts": words})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 

@@ -168,6 +168,7 @@ def analyze_rank(job: RankJob) -> RankPartial:
     try:
         res = analysis.analyze(spec.source, patterns=list(job.patterns), ranges=list(job.ranges), con=con,
                                prepare=prepare)
+        con.execute("SET enable_progress_bar = false")  # a pool's bars would interleave on stderr
         # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file
         con.execute("CREATE OR REPLACE TEMP TABLE rank_partial AS " + sql.text("cross_rank_partial"),
                     {"comm_patterns": list(job.comm_patterns)})

@@ -30,31 +30,30 @@ ops AS (
     FROM gpu_ops AS o
     LEFT JOIN comm_names AS c ON c.kernel = o.kernel
 ),
+has_comm AS (SELECT DISTINCT range FROM ops WHERE comm),
 classed AS (
     SELECT range, 'busy' AS cls, start, "end" FROM ops
     UNION ALL
     SELECT range, CASE WHEN comm THEN 'comm' ELSE 'compute' END, start, "end" FROM ops WHERE kind = 'kernel'
     UNION ALL
-    SELECT range, 'kernel', start, "end" FROM ops WHERE kind = 'kernel'
+    -- every kernel together, needed for the overlap only where the range has communication kernels
+    SELECT range, 'kernel', start, "end" FROM ops WHERE kind = 'kernel' AND range IN (SELECT range FROM has_comm)
 ),
--- The union of intervals: in start order, an interval that starts after every earlier one ended opens an island.
+-- The length of a union of intervals in one pass: in start order, each interval adds what lies past the latest
+-- end of the ones before it.
 marked AS (
-    SELECT *, max("end") OVER (PARTITION BY range, cls ORDER BY start, "end"
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+    SELECT range, cls, start, "end",
+           max("end") OVER (PARTITION BY range, cls ORDER BY start, "end"
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
     FROM classed
-),
-islands AS (
-    SELECT *, sum(CASE WHEN prev_end IS NULL OR start > prev_end THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY range, cls ORDER BY start, "end" ROWS UNBOUNDED PRECEDING) AS island
-    FROM marked
 ),
 unions AS (
     SELECT range,
-           sum(e - s) FILTER (WHERE cls = 'busy') AS busy_ns,
-           sum(e - s) FILTER (WHERE cls = 'kernel') AS kernel_ns,
-           sum(e - s) FILTER (WHERE cls = 'comm') AS comm_ns,
-           sum(e - s) FILTER (WHERE cls = 'compute') AS compute_ns
-    FROM (SELECT range, cls, island, min(start) AS s, max("end") AS e FROM islands GROUP BY range, cls, island)
+           sum(added) FILTER (WHERE cls = 'busy') AS busy_ns,
+           sum(added) FILTER (WHERE cls = 'kernel') AS kernel_ns,
+           sum(added) FILTER (WHERE cls = 'comm') AS comm_ns,
+           sum(added) FILTER (WHERE cls = 'compute') AS compute_ns
+    FROM (SELECT range, cls, greatest(0, "end" - greatest(start, coalesce(prev_end, start))) AS added FROM marked)
     GROUP BY range
 ),
 host AS (
@@ -88,7 +87,8 @@ SELECT
     CAST(coalesce(u.busy_ns, 0) AS BIGINT) AS busy_ns,
     CAST(coalesce(u.comm_ns, 0) AS BIGINT) AS comm_ns,
     CAST(coalesce(u.compute_ns, 0) AS BIGINT) AS compute_ns,
-    CAST(coalesce(u.comm_ns, 0) + coalesce(u.compute_ns, 0) - coalesce(u.kernel_ns, 0) AS BIGINT) AS overlap_ns,
+    CAST(CASE WHEN u.kernel_ns IS NULL THEN 0 ELSE u.comm_ns + coalesce(u.compute_ns, 0) - u.kernel_ns END
+         AS BIGINT) AS overlap_ns,
     v.verdict,
     coalesce(v.required_fused, false) AS required_fused
 FROM host AS h
