@@ -25,6 +25,7 @@ COMM_PATTERNS = ("nccl*",)
 # `nsys -o rank%q{RANK}` and capture --ranks (trace_rank<N>.sqlite) both put `rank<N>` in the name
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _PID_MASK = 0xFFFFFF  # globalPid >> 24 keeps the hardware/VM ids above the pid's 24 bits
+CONNECT_TIMEOUT_S = 20  # how long --executor dask:// waits for the scheduler to answer
 
 
 class RanksError(Exception):
@@ -108,7 +109,8 @@ def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
     """The ranks of ``path``: a folder of per-rank exports or run directories (one rank each), or one export
     (a file, a run directory, or a folder holding one) split by process. ``resolve`` turns an entry into an
     analysis.Source (pipelines.analyze.resolve: the run directory's manifest and provenance come along)."""
-    path = pathlib.Path(path)
+    # absolute: a Dask worker reads the exports from another working directory
+    path = pathlib.Path(os.path.abspath(path))
     if not path.exists():
         raise RanksError(f"{path}: no such file or directory")
     if path.is_file() or (path / "trace.sqlite").is_file():
@@ -231,7 +233,7 @@ def run_dask(address: str, jobs: list[RankJob]) -> list[RankPartial]:
                                   "(pip install 'rlkernel[dask]')") from None
     target = "tcp://" + address
     try:
-        client = Client(target, timeout="20s")
+        client = Client(target, timeout=f"{CONNECT_TIMEOUT_S}s")
     except (OSError, TimeoutError) as e:
         raise ExecutorUnavailable(f"--executor dask://{address}: no scheduler answers there ({e})") from None
     with client:

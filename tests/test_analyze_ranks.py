@@ -241,3 +241,24 @@ def test_dask_executor_gives_the_local_csvs_byte_for_byte(tmp_path):
 def test_cross_rank_columns_are_the_documented_ones():
     doc = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
     assert "`cross_rank.csv`: " + ", ".join(f"`{c}`" for c in cross_rank.COLUMNS) in doc
+
+
+def test_ranks_reach_the_workers_as_absolute_paths(tmp_path, monkeypatch):
+    """A Dask worker runs in another directory: the exports must travel as absolute paths."""
+    monkeypatch.chdir(DATA)
+    specs = ranks.discover(pathlib.Path("multiproc"), analyze.resolve)
+    assert len(specs) == 2 and all(s.source.trace.is_absolute() and s.source.trace.is_file() for s in specs)
+
+
+def test_dask_executor_without_a_scheduler_exits_3(tmp_path, monkeypatch, capsys):
+    # without dask installed: exit 3 saying so; with it (CI): exit 3 saying no scheduler answers
+    monkeypatch.setattr(ranks, "CONNECT_TIMEOUT_S", 1)
+    assert main("--ranks", DATA / "multiproc", "--out", tmp_path / "rep", "--executor", "dask://127.0.0.1:1") == 3
+    err = capsys.readouterr().err
+    assert "--executor dask://" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_unknown_range_with_ranks_exits_2(tmp_path, capsys):
+    assert main("--ranks", DATA / "multiproc", "--out", tmp_path / "rep", "--jobs", "1", "--range", "nosuch") == 2
+    assert "--range nosuch: no such range" in capsys.readouterr().err
