@@ -59,6 +59,15 @@ def range_span(trace: pathlib.Path, message: str) -> int:
     return hi - lo
 
 
+def host_start(trace: pathlib.Path, message: str) -> int:
+    con = sqlite3.connect(f"file:{trace}?mode=ro", uri=True)
+    t = con.execute("SELECT (SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME) + min(e.start) "
+                    "FROM NVTX_EVENTS AS e LEFT JOIN StringIds AS s ON s.id = e.textId "
+                    "WHERE e.eventType IN (59, 60) AND coalesce(e.text, s.value) = ?", (message,)).fetchone()[0]
+    con.close()
+    return t
+
+
 def csv_rows_without_rank(path, rank: int) -> list[list[str]]:
     with open(path, newline="") as f:
         r = csv.reader(f)
@@ -86,6 +95,10 @@ def test_per_rank_tables_are_the_single_trace_tables_and_fused_needs_every_rank(
     assert c[("rlkernel:logp-fused", 1)]["verdict"] == "fallback"
     assert c[("rlkernel:logp-fused", 0)]["fused_all_ranks"] == "False"
     assert c[("rlkernel:grpo-step", 0)]["instances"] == "0"  # only rank 1 ran it
+    # one host clock: each export's time plus its session start (UTC ns), the earliest rank at 0
+    host = [host_start(d / f"rank{n}" / "trace.sqlite", "logp-fused") for n in (0, 1)]
+    assert [int(c[("rlkernel:logp-fused", n)]["start_offset_ns"]) for n in (0, 1)] == [h - min(host) for h in host]
+    assert min(host) != max(host)
     assert c[("rlkernel:grpo-step", 1)]["fused_all_ranks"] == "False"
     assert [r["source"] for r in rows(out / "ranks.csv")] == ["rank0", "rank1"]
     html = (out / "report.html").read_text()
