@@ -5,15 +5,17 @@
 
 The export's GPU operations, launch calls and NVTX events are repeated back to back in time (each copy shifted by
 the trace's length, its correlation ids by their largest) until it holds at least N kernels; the copy is then the
-trace of every rank. T1 is one rank's time with one DuckDB thread (`taskset -c 0`, `--ranks` of one rank); the K
-ranks run on every core this process may use. Wall time and peak memory are measured around the whole command;
-the memory is summed over the process tree (RSS of every descendant, sampled every 50 ms).
+trace of every rank. T1 is one rank's time with one DuckDB thread (`taskset -c 0`, `--ranks` of one rank); the
+memory baseline is one rank on every core this process may use, where the K ranks run too. Wall time and peak
+memory are measured around the whole command; the memory is summed over the process tree (RSS of every
+descendant, sampled every 50 ms).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import pathlib
+import resource
 import shutil
 import sqlite3
 import subprocess
@@ -72,7 +74,9 @@ def tree_rss(pid: int) -> int:
 
 
 def measure(cmd: list[str]) -> tuple[float, int]:
-    t0 = time.perf_counter()
+    """Wall seconds and peak tree memory; prints the CPU seconds the tree used and the load average, since on a
+    shared machine another job's load stretches the wall time."""
+    t0, r0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     peak = 0
     while proc.poll() is None:
@@ -80,7 +84,10 @@ def measure(cmd: list[str]) -> tuple[float, int]:
         time.sleep(0.05)
     if proc.returncode != 0:
         sys.exit(f"bench_ranks: {' '.join(cmd)} exited {proc.returncode}")
-    return time.perf_counter() - t0, peak
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    print(f"  cpu {cpu:.2f} s, load average after {os.getloadavg()[0]:.2f}", flush=True)
+    return wall, peak
 
 
 def main() -> None:
@@ -101,9 +108,12 @@ def main() -> None:
     print(f"replicated {a.source.name} to {n:,} kernels in {time.perf_counter() - t0:.1f} s, "
           f"{(one / 'trace_rank0.sqlite').stat().st_size / 1e6:.0f} MB", flush=True)
     analyze = [sys.executable, "-m", "pipelines.analyze", "--ranks"]
-    t1, m1 = measure(["taskset", "-c", "0", *analyze, str(one), "--out", str(a.work / "out-one")])
-    print(f"T1 (one rank, one DuckDB thread): {t1:.2f} s, peak {m1 / 2**20:.0f} MiB (process tree)", flush=True)
+    t1, p1 = measure(["taskset", "-c", "0", *analyze, str(one), "--out", str(a.work / "out-one")])
+    print(f"T1 (one rank, one DuckDB thread): {t1:.2f} s, peak {p1 / 2**20:.0f} MiB (process tree)", flush=True)
     cores = len(os.sched_getaffinity(0))
+    # the memory baseline is one rank on the same cores as the K ranks (its DuckDB uses them all)
+    w1, m1 = measure([*analyze, str(one), "--out", str(a.work / "out-one")])
+    print(f"one rank on {cores} cores: {w1:.2f} s, peak {m1 / 2**20:.0f} MiB (process tree)", flush=True)
     tk, mk = measure([*analyze, str(many), "--out", str(a.work / "out-many")])
     bound = 1.2 * a.ranks * t1 / min(cores, a.ranks)
     print(f"{a.ranks} ranks on {cores} cores: {tk:.2f} s (target <= {bound:.2f} s: "
