@@ -16,6 +16,7 @@ import pathlib
 import re
 import tempfile
 
+import duckdb
 import pandas as pd
 
 from pipelines import analysis, sql, trace_db
@@ -93,15 +94,18 @@ def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
     trace_db.check_sqlite_file(trace)
     con = trace_db.connect(threads=1)
     p = str(trace)
-    present = {r[0] for r in con.execute(
-        "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
-    parts = [f"SELECT deviceId, globalPid >> 24 AS proc FROM sqlite_scan(?, '{t}')"  # t: a constant below
-             for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
-             if t in present]
-    if not parts:
-        return []
-    rows = con.execute(f"SELECT min(deviceId), proc FROM ({' UNION ALL '.join(parts)}) GROUP BY proc",
-                       [p] * len(parts)).fetchall()
+    try:
+        present = {r[0] for r in con.execute(
+            "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
+        parts = [f"SELECT deviceId, globalPid >> 24 AS proc FROM sqlite_scan(?, '{t}')"  # t: a constant below
+                 for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+                 if t in present]
+        rows = con.execute(f"SELECT min(deviceId), proc FROM ({' UNION ALL '.join(parts)}) GROUP BY proc",
+                           [p] * len(parts)).fetchall() if parts else []
+    except duckdb.Error as e:
+        raise trace_db.TraceError(f"{trace}: cannot read as SQLite ({trace_db.first_line(e)})") from None
+    finally:
+        con.close()
     return sorted((int(d), int(proc)) for d, proc in rows)
 
 

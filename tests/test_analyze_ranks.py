@@ -213,6 +213,9 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     dup.mkdir()
     for name in ("a_rank1.sqlite", "b_rank1.sqlite"):
         shutil.copy(DATA / "no_nvtx" / "trace.sqlite", dup / name)
+    broken = tmp_path / "broken.sqlite"  # an SQLite header, then garbage: split-by-process reads it first
+    whole = (DATA / "no_nvtx" / "trace.sqlite").read_bytes()
+    broken.write_bytes(whole[:100] + b"\xff" * (len(whole) - 100))
     cases = [
         (["--ranks", DATA / "multiproc", DATA / "verdicts"], "takes no INPUT"),
         (["--executor", "dask://127.0.0.1:1", DATA / "verdicts"], "go with --ranks"),
@@ -221,6 +224,7 @@ def test_usage_errors_exit_2(tmp_path, capsys):
         (["--ranks", tmp_path / "empty"], "no exports in it"),
         (["--ranks", dup], "two exports name rank 1"),
         (["--ranks", DATA / "multiproc", "--jobs", "0"], "--jobs must be at least 1"),
+        (["--ranks", broken], "cannot read as SQLite"),
     ]
     for argv, words in cases:
         assert main(*argv, "--out", tmp_path / "rep") == 2, argv
