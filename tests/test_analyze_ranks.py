@@ -90,6 +90,12 @@ def test_per_rank_tables_are_the_single_trace_tables_and_fused_needs_every_rank(
             with open(p, newline="") as f:
                 expected = list(csv.reader(f))[1:]
             assert csv_rows_without_rank(out / p.name, rank) == expected, (case, p.name)
+    # and rank 1's kernel table is nsys stats' for its export (cuda_gpu_kern_sum)
+    ks = {r["kernel"]: r for r in rows(out / "kernel_summary.csv") if r["rank"] == "1"}
+    ref = stats("verdicts", "cuda_gpu_kern_sum")
+    assert len(ks) == len(ref)
+    for name, inst, total in ref[["Name", "Instances", "Total Time (ns)"]].itertuples(index=False):
+        assert (int(ks[name]["instances"]), int(ks[name]["total_ns"])) == (inst, total), name
     c = cross(out)
     assert c[("rlkernel:logp-fused", 0)]["verdict"] == "fused"
     assert c[("rlkernel:logp-fused", 1)]["verdict"] == "fallback"
