@@ -33,7 +33,7 @@ COLUMNS = {
                  "proj_gpu_ns", *GPU_TIME],
     "gaps": ["pid", "device_id", "start_ns", "end_ns", "gap_ns"],
     "utilization": ["pid", "device_id", "start_ns", "dur_ns", "in_use_pct", "busy_pct"],
-    "repetition_gaps": ["workload", "instance", "rank", "gap_start_ns", "gap_ns", "host_calls", "host_syncs",
+    "repetition_gaps": ["workload", "instance", "gap_rank", "gap_start_ns", "gap_ns", "host_calls", "host_syncs",
                         "outside_calls_ns", "longest_calls"],
     "bandwidth": ["workload", "instances", "bytes", "mean_proj_gpu_ns", "mean_gpu_busy_ns", "gb_per_s",
                   "peak_gb_per_s", "pct_of_peak", "ncu_launches", "ncu_dram_bytes", "ncu_gpu_time_ns", "ncu_gb_per_s",
@@ -195,16 +195,20 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
     con.unregister("ncu_df")
 
 
-def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None) -> Result:
+def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None, prepare=None) -> Result:
+    """``prepare(con)``, when given, runs on the loaded ``src_*`` tables before staging (pipelines.ranks keeps
+    one process of a multi-process export there)."""
     with Heartbeat(src.trace.name).running() as beat:
-        return _analyze(src, patterns, ranges, con, beat)
+        return _analyze(src, patterns, ranges, con, beat, prepare)
 
 
-def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat) -> Result:
+def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None) -> Result:
     t0 = time.perf_counter()
     beat.phase, beat.step = "loading", "the export"  # said only if it outlasts a heartbeat: bad input stays one line
     trace = trace_db.open_trace(src.trace, con)
     c = trace.con
+    if prepare is not None:
+        prepare(c)
     progress(f"{src.trace.name}: loaded in {time.perf_counter() - t0:.1f} s; staging")
     sql.stage(c, lambda step, done, total: beat(step, done, total, "staging"))
     counts = dict(zip(("kernels", "memory_ops", "ranges"), c.execute(

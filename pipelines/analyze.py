@@ -79,6 +79,16 @@ def parser() -> argparse.ArgumentParser:
                    help="--compare: write the comparison even when the runs are not comparable (another GPU model, "
                         "other workloads or shapes, another kernel set), marked as not comparable; without it such "
                         "a comparison exits 2 saying why")
+    p.add_argument("--ranks", metavar="DIR", type=pathlib.Path,
+                   help="a folder of per-rank exports or run directories (rank from `rank<N>` in the names, else "
+                        "the sorted order), or one multi-process export split by process (the processes with GPU "
+                        "work, numbered by device and pid): each rank analysed in parallel, then ranks.csv, "
+                        "cross_rank.csv, the per-rank CSVs with a rank column and one report.html")
+    p.add_argument("--executor", metavar="WHERE", default="local",
+                   help="--ranks: `local` (a process pool, the default) or `dask://HOST:PORT` (an existing Dask "
+                        "cluster whose workers read the exports from the same paths; needs rlkernel[dask])")
+    p.add_argument("--jobs", metavar="N", type=int,
+                   help="--ranks with the local executor: processes (default: min(cores, ranks))")
     return p
 
 
@@ -308,6 +318,8 @@ def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.ranks is not None or args.executor != "local" or args.jobs is not None:
+        return run_ranks(args)
     inputs = [pathlib.Path(i) for i in args.inputs] or [default_input()]
     sources = [resolve(i) for i in inputs]
     base_src = resolve(args.compare) if args.compare is not None else None
@@ -349,6 +361,24 @@ def run(args: argparse.Namespace) -> int:
                     f"(threshold {args.threshold}%)", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
+
+
+def run_ranks(args: argparse.Namespace) -> int:
+    """--ranks DIR (pipelines.cross_rank): the ranks mapped over a pool or a Dask cluster, one cross-rank report."""
+    from pipelines import cross_rank, ranks
+
+    if args.ranks is None:
+        raise UsageError("--executor and --jobs go with --ranks DIR")
+    if args.inputs or args.compare is not None:
+        raise UsageError("--ranks DIR takes no INPUT and no --compare: it analyses the ranks in DIR together")
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    try:
+        return cross_rank.run(args)
+    except ranks.RanksError as e:
+        raise UsageError(str(e)) from None
+    except ranks.ExecutorUnavailable as e:
+        raise trace_db.ExtensionMissing(str(e)) from None
 
 
 def say(line: str, file=None) -> None:

@@ -104,7 +104,8 @@ def _integral_floats(col: pd.Series) -> bool:
 # its reports, and is never replaced.
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
                           "bandwidth.csv", "compare.csv", "compare.json", "gaps.csv", "utilization.csv",
-                          "repetition_gaps.csv", "report.html"})
+                          "repetition_gaps.csv", "report.html",
+                          "ranks.csv", "cross_rank.csv"})  # --ranks (pipelines.cross_rank)
 
 
 class OutputError(Exception):

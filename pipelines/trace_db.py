@@ -43,6 +43,8 @@ SCHEMA: dict[str, dict[str, str]] = {
         "memoryBandwidth": "BIGINT", "smCount": "BIGINT", "computeMajor": "BIGINT", "computeMinor": "BIGINT",
         "clockRate": "BIGINT"},
     "META_DATA_EXPORT": {"name": "VARCHAR", "value": "VARCHAR"},
+    # the UTC time (ns since the epoch) of the session's time zero: places ranks' traces on one host clock
+    "TARGET_INFO_SESSION_START_TIME": {"utcEpochNs": "BIGINT", "utcTime": "VARCHAR"},
 }
 REQUIRED = ("StringIds",)
 # An nsys export always carries one of these; a plain SQLite database carries neither.

@@ -50,7 +50,7 @@ per_gap AS (
     GROUP BY range_id, rank
 )
 SELECT
-    p.range AS workload, p.instance, g.rank, g.gap_start AS gap_start_ns, g.gap_ns,
+    p.range AS workload, p.instance, g.rank AS gap_rank, g.gap_start AS gap_start_ns, g.gap_ns,
     coalesce(c.host_calls, 0) AS host_calls, coalesce(c.host_syncs, 0) AS host_syncs,
     -- Calls of one thread do not overlap each other, so their overlaps add up to the time spent in them.
     g.gap_ns - coalesce(c.in_calls_ns, 0) AS outside_calls_ns,

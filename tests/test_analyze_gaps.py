@@ -63,7 +63,7 @@ def test_repetition_gaps_say_what_the_host_did():
     res = analysis.analyze(analysis.Source(DATA / "sync_loop" / "trace.sqlite"), ranges=["rl:train_step"])
     g = res.tables["repetition_gaps"]
     assert list(g.columns) == analysis.COLUMNS["repetition_gaps"]
-    first = g[g["rank"] == 1]
+    first = g[g["gap_rank"] == 1]
     assert len(first) == 4 and (first.workload == "rl:train_step").all()
     # Each step's longest gap holds its 2 ms host sleep: the host was outside CUDA most of that time, after the
     # item() sync (cudaStreamSynchronize) that opened the gap.
@@ -76,6 +76,6 @@ def test_the_examples_fused_repetitions_gap_on_the_item_sync():
     m = json.loads((DATA / "example_with_sync" / "manifest.json").read_text())
     res = analysis.analyze(analysis.Source(DATA / "example_with_sync" / "trace.sqlite", None, m))
     g = res.tables["repetition_gaps"]
-    top = g[(g.workload == "rlkernel:logp-fused") & (g["rank"] == 1)]
+    top = g[(g.workload == "rlkernel:logp-fused") & (g["gap_rank"] == 1)]
     assert len(top) == 3 and (top.host_syncs == 1).all()
     assert top.longest_calls.str.contains("cudaMemcpyAsync").all()

@@ -1,0 +1,163 @@
+"""`analyze --ranks DIR`, the reduce side: the ranks' Parquet partials unioned with DuckDB, the cross-rank table
+(``queries/cross_rank.sql``), and the outputs: every single-trace CSV with a leading ``rank`` column (the union
+of the per-rank tables), ``ranks.csv``, ``cross_rank.csv`` and one HTML report (reports_templates/
+cross_rank.html.j2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import pathlib
+import sys
+import tempfile
+import time
+import types
+
+import duckdb
+import pandas as pd
+
+from pipelines import analysis, ranks, report, sql
+
+COLUMNS = ["range", "rank", "instances", "range_total_ns", "span_ns", "busy_ns", "start_offset_ns", "verdict",
+           "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks"]
+RANK_COLUMNS = ["rank", "source", "pid", "device", "session_start_ns", "kernels", "memory_ops", "ranges"]
+SUMMARY_COLUMNS = ["range", "ranks_with_range", "slowest_rank", "spread", "fused_all_ranks", "verdicts"]
+CLOCK_NOTE = ("Each rank's times are placed on one host clock: its trace's timestamps plus the trace's "
+              "TARGET_INFO_SESSION_START_TIME (the UTC time of its zero). Ranks split from one export share one "
+              "session and so one clock; ranks recorded on several hosts are only as aligned as their clocks.")
+
+
+@dataclasses.dataclass
+class Reduced:
+    ranks: pd.DataFrame  # one row per rank (RANK_COLUMNS)
+    tables: dict[str, pd.DataFrame]  # the single-trace tables, unioned, with a leading rank column
+    cross: pd.DataFrame  # cross_rank.csv
+    infos: list[dict]
+
+
+def _union(con, paths: list[pathlib.Path]) -> pd.DataFrame:
+    # the file names are our own temporary files; read_parquet takes the list as a parameter
+    return con.execute("SELECT * EXCLUDE (_row) FROM read_parquet(?, union_by_name = true) ORDER BY rank, _row",
+                       [[p.as_posix() for p in paths]]).df()
+
+
+def reduce(partials: list[ranks.RankPartial]) -> Reduced:
+    partials = sorted(partials, key=lambda p: p.rank)
+    con = duckdb.connect(":memory:")
+    with tempfile.TemporaryDirectory(prefix="rlkernel-ranks-") as d:
+        files: dict[str, list[tuple[pathlib.Path, int]]] = {}
+        for p in partials:
+            for name, data in p.parquet.items():
+                path = pathlib.Path(d) / f"rank{p.rank}-{name}.parquet"
+                path.write_bytes(data)
+                files.setdefault(name, []).append((path, p.info["rows"][name]))
+        tables = {}
+        for name, found in files.items():
+            # a rank with no rows has no column types of its own (object columns): it adds nothing to the union
+            paths = [path for path, n in found if n] or [found[0][0]]
+            tables[name] = _union(con, paths)
+    rank_list = pd.DataFrame({"rank": [p.rank for p in partials],
+                              "session_start_ns": pd.array([p.info["session_start_ns"] for p in partials],
+                                                           dtype="Int64")})
+    con.register("rank_list", rank_list)
+    con.register("rank_ranges", tables.pop("cross_rank"))
+    cross = con.execute(sql.text("cross_rank")).df()
+    rows = [{"rank": p.rank, "source": p.info["source"], "pid": p.info["pid"], "device": p.info["device"],
+             "session_start_ns": p.info["session_start_ns"], **p.info["counts"]} for p in partials]
+    return Reduced(pd.DataFrame(rows, columns=RANK_COLUMNS), tables, cross, [p.info for p in partials])
+
+
+def failures(red: Reduced) -> list[str]:
+    """--require-fused across ranks: every rank's own failures, and a range that must be fused on some rank but
+    is missing on another (its fused claim cannot hold there)."""
+    bad = [f"rank {i['rank']}: {f}" for i in red.infos for f in i["failures"]]
+    c = red.cross
+    required = set(c.loc[c["required_fused"].fillna(False).astype(bool), "range"])
+    for r in c[c["range"].isin(required) & (c["instances"] == 0)].itertuples(index=False):
+        bad.append(f"rank {r.rank}: {r.range}: absent (required fused on another rank)")
+    return bad
+
+
+def summary(cross: pd.DataFrame) -> pd.DataFrame:
+    """One row per range: how many ranks have it, the slowest one, the spread, and the verdicts in words."""
+    rows = []
+    for rng, g in cross.groupby("range", sort=False):
+        judged = g[g["verdict"].notna()]
+        kinds = judged["verdict"].unique()
+        if len(kinds) == 1 and len(judged) == len(g):
+            words = f"{kinds[0]} on all {len(g)} ranks"
+        else:
+            words = ", ".join(f"rank {r.rank} {r.verdict if isinstance(r.verdict, str) else 'absent'}"
+                              for r in g.itertuples(index=False)) if len(judged) else ""
+        first = g.iloc[0]
+        rows.append({"range": rng, "ranks_with_range": int((g["instances"].fillna(1) > 0).sum()),
+                     "slowest_rank": first["slowest_rank"],
+                     # as text: the HTML's number format keeps one decimal, a spread needs three
+                     "spread": f"{first['spread']:.3f}" if pd.notna(first["spread"]) else None,
+                     "fused_all_ranks": first["fused_all_ranks"], "verdicts": words})
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def render_html(red: Reduced, title: str, fails: list[str]) -> bytes:
+    gpus = {g["name"] for i in red.infos for g in i["meta"].get("gpus", [])}
+    ctx = {
+        "title": title,
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+        "clock_note": CLOCK_NOTE,
+        "gpus": sorted(gpus),
+        "comm_patterns": list(ranks.COMM_PATTERNS),
+        "failures": fails,
+        "ranks": report.table(red.ranks, RANK_COLUMNS),
+        "summary": report.table(summary(red.cross), SUMMARY_COLUMNS),
+        "cross": report.table(red.cross, COLUMNS),
+    }
+    return report.environment().get_template("cross_rank.html.j2").render(**ctx).encode()
+
+
+def csv_by_rank(df: pd.DataFrame, columns: list[str]) -> bytes:
+    """The union as CSV, each rank's rows written as the single-trace CSV writes them (a column of whole numbers
+    on one rank prints as integers there even when another rank's are fractions)."""
+    head = report.csv_bytes(df.head(0), ["rank", *columns])
+    parts = [report.csv_bytes(g, ["rank", *columns]).split(b"\n", 1)[1] for _, g in df.groupby("rank", sort=True)]
+    return head + b"".join(parts)
+
+
+def outputs(red: Reduced, title: str, fails: list[str]) -> dict[str, bytes]:
+    files = {f"{name}.csv": csv_by_rank(df, analysis.COLUMNS[name])
+             for name, df in red.tables.items() if name in analysis.COLUMNS}
+    files["ranks.csv"] = report.csv_bytes(red.ranks, RANK_COLUMNS)
+    files["cross_rank.csv"] = report.csv_bytes(red.cross, COLUMNS)
+    files["report.html"] = render_html(red, title, fails)
+    return files
+
+
+def run(args) -> int:
+    """analyze --ranks DIR: discover, map (local pool or Dask), reduce, write one report folder."""
+    from pipelines import analyze
+    from rlkernel.cli import EXIT_CHECK_FAILED, EXIT_OK
+
+    specs = ranks.discover(args.ranks, analyze.resolve)
+    name = pathlib.Path(args.ranks).resolve().name
+    title = f"{name}: {len(specs)} ranks"
+    out = args.out if args.out is not None else pathlib.Path("reports") / f"ranks-{name}"
+    analyze.check_outputs([out])
+    jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
+    t0 = time.perf_counter()
+    partials = ranks.run_jobs(jobs, args.executor, args.jobs)
+    analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
+    red = reduce(partials)
+    analyze.check_ranges(args.ranges, [types.SimpleNamespace(tables={"range_summary": red.tables["range_summary"]})])
+    fails = failures(red) if args.require_fused else []
+    try:
+        written = report.replace_dir(out, outputs(red, title, fails), on_wait=lambda: analyze.say(
+            f"{analyze.PROG}: waiting for another run writing beside {out}", sys.stderr))
+    except report.OutputError as e:
+        raise analyze.UsageError(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
+    analyze.say(f"{analyze.PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
+    for r in summary(red.cross).itertuples(index=False):
+        if r.verdicts or r.range == ranks.WHOLE_TRACE:
+            analyze.say(f"  {r.range}: slowest rank {r.slowest_rank} (spread {r.spread}); {r.verdicts or 'no verdict'}")
+    for f in fails:
+        analyze.say(f"{analyze.PROG}: not fused: {f}", sys.stderr)
+    return EXIT_CHECK_FAILED if fails else EXIT_OK

@@ -1,0 +1,259 @@
+"""`analyze --ranks DIR`, the map side: which ranks a folder holds, one rank's analysis as Parquet partials, and
+the executors that map it over the ranks (a local process pool, or a Dask cluster).
+
+A rank is one export, or one process of a multi-process export. Its analysis is today's single-trace analysis
+(``analysis.analyze``, a pure function from one export to tables) plus one question of its own
+(``queries/cross_rank_partial.sql``); what travels back is its tables as Parquet files (DuckDB's
+``COPY ... (FORMAT parquet)``) and a small record, never the export. pipelines.cross_rank reduces them.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import multiprocessing
+import os
+import pathlib
+import re
+import tempfile
+
+import duckdb
+import pandas as pd
+
+from pipelines import analysis, sql, trace_db
+
+WHOLE_TRACE = "(whole trace)"
+COMM_PATTERNS = ("nccl*",)
+# `nsys -o rank%q{RANK}` and capture --ranks (trace_rank<N>.sqlite) both put `rank<N>` in the name
+_RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_PID_MASK = 0xFFFFFF  # globalPid >> 24 keeps the hardware/VM ids above the pid's 24 bits
+CONNECT_TIMEOUT_S = 20  # how long --executor dask:// waits for the scheduler to answer
+
+
+class RanksError(Exception):
+    """Bad --ranks input (exit 2); the message names the path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    """One rank: the export (and its run directory's Source), and, for a multi-process export, the process."""
+
+    rank: int
+    source: analysis.Source
+    label: str  # the entry of DIR it came from, as the report names it
+    proc: int | None = None  # globalPid >> 24 of the process kept; None: the whole export
+    device: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankJob:
+    spec: RankSpec
+    patterns: tuple[str, ...] = ()
+    ranges: tuple[str, ...] = ()
+    comm_patterns: tuple[str, ...] = COMM_PATTERNS
+    threads: int | None = None  # DuckDB threads; None: the CPUs this process may use
+
+
+@dataclasses.dataclass
+class RankPartial:
+    """What one rank's analysis sends back: table name -> Parquet bytes, and its record."""
+
+    rank: int
+    parquet: dict[str, bytes]
+    info: dict
+
+
+# ---------------------------------------------------------------------------------------------------------- discovery
+
+def _entries(folder: pathlib.Path) -> list[pathlib.Path]:
+    """The exports of ``folder``: its ``*.sqlite`` files and its run directories (holding trace.sqlite)."""
+    try:
+        items = sorted(folder.iterdir(), key=lambda p: p.name)
+    except OSError as e:
+        raise RanksError(f"{folder}: cannot read it ({e.strerror or e})") from None
+    return [p for p in items if not p.name.startswith(".") and
+            ((p.is_file() and p.suffix == ".sqlite") or (p.is_dir() and (p / "trace.sqlite").is_file()))]
+
+
+def rank_numbers(names: list[str]) -> list[int]:
+    """The rank of each name: its ``rank<N>`` when every name has one and they differ, else the sorted order."""
+    found = [_RANK_RE.search(n) for n in names]
+    if all(found):
+        nums = [int(m.group(1)) for m in found]
+        if len(set(nums)) == len(nums):
+            return nums
+        dup = sorted({n for n in nums if nums.count(n) > 1})[0]
+        both = ", ".join(n for n, k in zip(names, nums, strict=True) if k == dup)
+        raise RanksError(f"two exports name rank {dup} ({both})")
+    order = sorted(range(len(names)), key=lambda i: names[i])
+    return [order.index(i) for i in range(len(names))]
+
+
+def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
+    """(device id, proc) of every process with GPU work in the export, in rank order (device, then pid).
+    A launcher process (torchrun's agent, a multiprocessing parent) has none and is left out."""
+    trace_db.check_sqlite_file(trace)
+    con = trace_db.connect(threads=1)
+    p = str(trace)
+    try:
+        present = {r[0] for r in con.execute(
+            "SELECT name FROM sqlite_scan(?, 'sqlite_master') WHERE type = 'table'", [p]).fetchall()}
+        parts = [f"SELECT deviceId, globalPid >> 24 AS proc FROM sqlite_scan(?, '{t}')"  # t: a constant below
+                 for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+                 if t in present]
+        rows = con.execute(f"SELECT min(deviceId), proc FROM ({' UNION ALL '.join(parts)}) GROUP BY proc",
+                           [p] * len(parts)).fetchall() if parts else []
+    except duckdb.Error as e:
+        raise trace_db.TraceError(f"{trace}: cannot read as SQLite ({trace_db.first_line(e)})") from None
+    finally:
+        con.close()
+    return sorted((int(d), int(proc)) for d, proc in rows)
+
+
+def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
+    """The ranks of ``path``: a folder of per-rank exports or run directories (one rank each), or one export
+    (a file, a run directory, or a folder holding one) split by process. ``resolve`` turns an entry into an
+    analysis.Source (pipelines.analyze.resolve: the run directory's manifest and provenance come along)."""
+    # absolute: a Dask worker reads the exports from another working directory
+    path = pathlib.Path(os.path.abspath(path))
+    if not path.exists():
+        raise RanksError(f"{path}: no such file or directory")
+    if path.is_file() or (path / "trace.sqlite").is_file():
+        entries, shared = [path], None
+    else:
+        entries = _entries(path)
+        # capture --ranks: trace_rank<N>.sqlite files beside one shared manifest
+        shared = path / "manifest.json" if (path / "manifest.json").is_file() else None
+    if not entries:
+        raise RanksError(f"{path}: no exports in it (*.sqlite files or run directories holding trace.sqlite)")
+    sources = [resolve(e) for e in entries]
+    if shared is not None:
+        from pipelines.analyze import read_manifest  # the one manifest reader (its shape checks)
+
+        manifest = read_manifest(shared)
+        sources = [s if s.manifest else dataclasses.replace(s, manifest=manifest) for s in sources]
+    if len(entries) == 1:
+        procs = cuda_processes(sources[0].trace)
+        if len(procs) > 1:
+            return [RankSpec(i, sources[0], f"{entries[0].name} pid {proc & _PID_MASK}", proc, dev)
+                    for i, (dev, proc) in enumerate(procs)]
+    nums = rank_numbers([e.name for e in entries])
+    specs = [RankSpec(n, s, e.name) for n, s, e in zip(nums, sources, entries, strict=True)]
+    return sorted(specs, key=lambda s: s.rank)
+
+
+# --------------------------------------------------------------------------------------------------------- map step
+
+def keep_process(proc: int):
+    """A ``prepare`` hook for analysis.analyze: drop every other process's rows from the loaded tables."""
+    def prepare(con) -> None:
+        for table, col in (("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"), ("CUPTI_ACTIVITY_KIND_MEMCPY", "globalPid"),
+                           ("CUPTI_ACTIVITY_KIND_MEMSET", "globalPid"), ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"),
+                           ("NVTX_EVENTS", "globalTid")):
+            con.execute(f'DELETE FROM src_{table} WHERE "{col}" >> 24 IS DISTINCT FROM ?', [proc])
+    return prepare
+
+
+def _copy_parquet(con, df: pd.DataFrame, rank: int, path: pathlib.Path) -> None:
+    d = df.copy()
+    d.insert(0, "rank", rank)
+    d["_row"] = range(len(d))  # the single-trace order, kept through the union
+    con.register("partial_df", d)
+    # the path is a temporary file of ours; COPY takes no prepared parameter for it
+    con.execute(f"COPY (SELECT * FROM partial_df) TO '{path.as_posix()}' (FORMAT parquet)")
+    con.unregister("partial_df")
+
+
+def analyze_rank(job: RankJob) -> RankPartial:
+    """One rank -> its tables as Parquet bytes. Runs in a pool process or on a Dask worker: everything it needs
+    is in ``job`` (picklable), and it reads the export from the path there."""
+    from pipelines.analyze import NUMERIC_ERRORS, _out_of_range
+
+    spec = job.spec
+    con = trace_db.connect(threads=job.threads)
+    prepare = keep_process(spec.proc) if spec.proc is not None else None
+    try:
+        res = analysis.analyze(spec.source, patterns=list(job.patterns), ranges=list(job.ranges), con=con,
+                               prepare=prepare)
+        con.execute("SET enable_progress_bar = false")  # a pool's bars would interleave on stderr
+        # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file
+        con.execute("CREATE OR REPLACE TEMP TABLE rank_partial AS " + sql.text("cross_rank_partial"),
+                    {"comm_patterns": list(job.comm_patterns)})
+    except NUMERIC_ERRORS as e:
+        raise _out_of_range(spec.source.trace, e) from None
+    start = con.execute("SELECT min(utcEpochNs) FROM src_TARGET_INFO_SESSION_START_TIME").fetchone()[0]
+    frames = dict(res.tables, workloads=res.workloads)
+    out: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="rlkernel-rank-") as d:
+        for name, df in frames.items():
+            path = pathlib.Path(d) / f"{name}.parquet"
+            _copy_parquet(con, df, spec.rank, path)
+            out[name] = path.read_bytes()
+        path = pathlib.Path(d) / "cross_rank.parquet"
+        con.execute(f"COPY (SELECT {int(spec.rank)} AS rank, *, 0 AS _row FROM rank_partial) "
+                    f"TO '{path.as_posix()}' (FORMAT parquet)")
+        out["cross_rank"] = path.read_bytes()
+        rows = {name: len(df) for name, df in frames.items()}
+        rows["cross_rank"] = con.execute("SELECT count(*) FROM rank_partial").fetchone()[0]
+    con.close()
+    info = {"rank": spec.rank, "source": spec.label,
+            "pid": spec.proc & _PID_MASK if spec.proc is not None else None, "device": spec.device,
+            "session_start_ns": int(start) if start is not None else None, "counts": dict(res.counts),
+            "patterns": list(res.patterns), "failures": analysis.failures(res), "meta": res.meta,
+            "rows": rows, "seconds": res.seconds}
+    return RankPartial(spec.rank, out, info)
+
+
+# -------------------------------------------------------------------------------------------------------- executors
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_local(jobs: list[RankJob], workers: int | None = None) -> list[RankPartial]:
+    """The ranks on a process pool of this machine: min(cores, ranks) processes, the cores shared out as DuckDB
+    threads. One worker runs them in this process, one after the other."""
+    n = max(1, min(workers or cpu_count(), len(jobs)))
+    threads = max(1, cpu_count() // n)
+    jobs = [dataclasses.replace(j, threads=threads) for j in jobs]
+    if n == 1:
+        return [analyze_rank(j) for j in jobs]
+    # spawn, not fork: DuckDB's threads in this process must not be copied mid-state into the children
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(analyze_rank, jobs))
+
+
+class ExecutorUnavailable(Exception):
+    """The executor cannot run here (exit 3): dask not installed, the scheduler not reachable."""
+
+
+def run_dask(address: str, jobs: list[RankJob]) -> list[RankPartial]:
+    """The same function mapped over the ranks on an existing Dask cluster (``dask://HOST:PORT`` -> the scheduler
+    at tcp://HOST:PORT). The workers read the exports from the same paths (a file system they share); only the
+    partials travel back."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ExecutorUnavailable("--executor dask://: dask.distributed is not installed "
+                                  "(pip install 'rlkernel[dask]')") from None
+    target = "tcp://" + address
+    try:
+        client = Client(target, timeout=f"{CONNECT_TIMEOUT_S}s")
+    except (OSError, TimeoutError) as e:
+        raise ExecutorUnavailable(f"--executor dask://{address}: no scheduler answers there ({e})") from None
+    with client:
+        futures = client.map(analyze_rank, jobs, pure=False)
+        return client.gather(futures)
+
+
+def executor_address(value: str) -> str | None:
+    """``local`` -> None; ``dask://HOST:PORT`` -> ``HOST:PORT``; anything else: RanksError."""
+    if value == "local":
+        return None
+    if value.startswith("dask://") and len(value) > len("dask://"):
+        return value[len("dask://"):]
+    raise RanksError(f"--executor {value}: give local or dask://HOST:PORT")
+
+
+def run_jobs(jobs: list[RankJob], executor: str, workers: int | None) -> list[RankPartial]:
+    address = executor_address(executor)
+    return run_local(jobs, workers) if address is None else run_dask(address, jobs)
