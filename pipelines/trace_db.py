@@ -83,7 +83,8 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     cfg = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     # Threads: the CPUs this process may run on (taskset), not the machine's count.
     cfg["threads"] = threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
-    cfg["memory_limit"] = memory_limit or os.environ.get("RLKERNEL_ANALYZE_MEMORY", "3GB")
+    # 2GB: a 1M-kernel trace then peaks at 2.33 GB RSS in 12.7 s on 2 cores (3GB: 3.53 GB; docs/benchmarks.md)
+    cfg["memory_limit"] = memory_limit or os.environ.get("RLKERNEL_ANALYZE_MEMORY", "2GB")
     con = duckdb.connect(":memory:", config=cfg)
     path = extension_path()
     # LOAD takes no prepared parameter; the path is this package's own file, never user input.
