@@ -6,6 +6,10 @@ repetitions inside the workload's range ``rlkernel:<workload>``. nsys traces CUD
 kernels inside each workload range (one ncu pass per workload) into the long-format ``ncu.csv``. Progress
 goes to stderr; the run directory's path is the last line on stdout. The manifest's ``dispatch`` is the
 traced (nsys) child's dispatch history; every child step also keeps its own under ``steps``.
+
+``--ranks N`` runs N children side by side as one ``torch.distributed`` job (env:// rendezvous on this host:
+RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each under its own nsys: ``trace_rank<N>.sqlite`` per rank beside
+one manifest, the layout ``python -m pipelines.analyze --ranks RUN`` reads.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ import io
 import math
 import os
 import pathlib
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +40,7 @@ from rlkernel.cli import (
 
 PROG = "pipelines.capture"
 HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs
+POLL_S = 0.5  # how often side-by-side ranks are checked for one that failed
 _KEYS = ("op", "requested", "backend", "status", "reason")  # a dispatch record's identity
 _ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
@@ -83,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "modules, ~100 MB each for PyTorch's kernels); by default only ncu.csv is kept")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu runs the workloads on the CPU to test the pipeline itself: its trace holds no kernels")
+    ap.add_argument("--ranks", type=int, metavar="N",
+                    help="run N processes as one torch.distributed job (NCCL with a GPU per rank, else gloo; an "
+                         "all_reduce after each repetition), each under its own nsys: trace_rank<N>.sqlite per rank "
+                         "beside one manifest; analyse with `python -m pipelines.analyze --ranks RUN`")
     return ap
 
 
@@ -110,6 +121,11 @@ def validate(args) -> None:
     logp_ops = [n for n in args.workload if workloads.get(n).op != "sample"]
     if not math.isfinite(args.temperature) or args.temperature < 0 or (logp_ops and args.temperature == 0):
         raise CliError(f"--temperature must be a finite number > 0 (>= 0 for sampling only), got {args.temperature}")
+    if args.ranks is not None:
+        if args.ranks < 1:
+            raise CliError(f"--ranks must be >= 1, got {args.ranks}")
+        if args.tool != "nsys":
+            raise CliError(f"--ranks traces with nsys only (one trace per rank), not --tool {args.tool}")
     check_output_dir(args.output_dir)
 
 
@@ -126,14 +142,41 @@ def check_output_dir(path) -> None:
 
 # ---- command lines ---------------------------------------------------------------------------------------
 
-def child_argv(args, names: list[str], record: str) -> list[str]:
+def child_argv(args, names: list[str], record: str, backend: str | None = None) -> list[str]:
     argv = [sys.executable, "-m", "pipelines.capture_child"]
     for n in names:
         argv += ["--workload", n]
     for flag in ("batch_size", "seq_len", "vocab_size", "top_k", "top_p", "temperature", "dtype", "warmup",
                  "repeat", "seed", "device"):
         argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    return argv + ["--record", record]
+    return argv + ["--record", record] + (["--dist-backend", backend] if backend else [])
+
+
+def dist_backend(device: str, world_size: int) -> str:
+    """NCCL when every rank can have a GPU of its own; gloo otherwise (the CPU, several ranks on one GPU: NCCL
+    refuses two ranks on one device)."""
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda" and torch.cuda.device_count() >= world_size and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def free_port() -> int:
+    # the OS picks a free port; closed again at once, for rank 0's TCPStore to bind (a small race, on one host)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_environ(environ: dict, rank: int, world_size: int, port: int) -> dict:
+    """What torchrun sets for a rank on one host (the child's env:// rendezvous reads it)."""
+    env = dict(environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if sys.platform.startswith("linux"):  # gloo would otherwise pick the interface of the host name, maybe none
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return env
 
 
 def nsys_profile_argv(nsys: str, out_base: str, child: list[str]) -> list[str]:
@@ -186,30 +229,68 @@ class Capture:
     def step(self, name: str, argv: list[str], log: str, capture_stdout=False) -> tuple[int, str]:
         """Run one command; its output is appended to ``log``.stdout/.stderr in the run (stdout kept in memory
         with ``capture_stdout``). Recorded in the manifest's steps whatever its exit code."""
+        return self.steps([(name, argv, log, self.environ)], capture_stdout)[0]
+
+    def steps(self, items: list[tuple], capture_stdout=False) -> list[tuple[int, str]]:
+        """Run (name, argv, log, environ) commands side by side, as ``step`` does one. Several run in sessions of
+        their own: when one fails, or on an interrupt, the others' whole process trees (nsys and its child) are
+        ended, since a rank waiting for a dead peer would wait out gloo's 30-minute timeout."""
         d = self.run.path
-        self.progress(f"{name}: {' '.join(argv[:2])} ...")
-        t = time.monotonic()
-        with open(d / f"{log}.stdout", "a") as out, open(d / f"{log}.stderr", "a") as err:
-            for f in (out, err):
-                f.write(f"== {name}: {' '.join(argv)}\n")
-                f.flush()
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out, stderr=err,
-                                    env=self.environ, text=True)
-            text = ""
-            if capture_stdout:
-                text, _ = proc.communicate()
-            else:
-                while True:
-                    try:
-                        proc.wait(timeout=HEARTBEAT_S)
-                        break
-                    except subprocess.TimeoutExpired:
-                        self.progress(f"{name}: still running")
-        seconds = round(time.monotonic() - t, 3)
-        self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
-                                           "seconds": seconds})
-        self.progress(f"{name}: exit {proc.returncode} in {seconds:.1f} s")
-        return proc.returncode, text
+        with contextlib.ExitStack() as stack:
+            procs = []
+            try:
+                for name, argv, log, environ in items:
+                    self.progress(f"{name}: {' '.join(argv[:2])} ...")
+                    out = stack.enter_context(open(d / f"{log}.stdout", "a"))
+                    err = stack.enter_context(open(d / f"{log}.stderr", "a"))
+                    for f in (out, err):
+                        f.write(f"== {name}: {' '.join(argv)}\n")
+                        f.flush()
+                    procs.append((subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out,
+                                                   stderr=err, env=environ, text=True,
+                                                   start_new_session=len(items) > 1), time.monotonic()))
+                text = procs[0][0].communicate()[0] if capture_stdout else ""
+                self._wait([p for p, _ in procs], [it[0] for it in items])
+            except BaseException:
+                self._end([p for p, _ in procs])
+                raise
+        results = []
+        for (name, argv, _, _), (proc, t) in zip(items, procs, strict=True):
+            seconds = round(time.monotonic() - t, 3)
+            self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
+                                               "seconds": seconds})
+            self.progress(f"{name}: exit {proc.returncode} in {seconds:.1f} s")
+            results.append((proc.returncode, text))
+        return results
+
+    def _wait(self, procs: list, names: list[str]) -> None:
+        beat = time.monotonic()
+        for proc in procs:
+            while True:
+                try:
+                    proc.wait(timeout=POLL_S if len(procs) > 1 else HEARTBEAT_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    if any(p.poll() not in (None, 0) for p in procs):
+                        self._end(procs)
+                    if time.monotonic() - beat >= HEARTBEAT_S or len(procs) == 1:
+                        beat = time.monotonic()
+                        for p, name in zip(procs, names, strict=True):
+                            if p.poll() is None:
+                                self.progress(f"{name}: still running")
+
+    @staticmethod
+    def _end(procs: list) -> None:
+        """End the still-running side-by-side commands, each with its process group (their own sessions)."""
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    if len(procs) > 1:
+                        os.killpg(p.pid, signal.SIGTERM)
+                    else:
+                        p.terminate()
+        for p in procs:
+            p.wait()
 
     def last_error(self, log: str) -> str:
         lines = [ln.strip() for ln in (self.run.path / f"{log}.stderr").read_text().splitlines() if ln.strip()]
@@ -223,12 +304,13 @@ class Capture:
             code = EXIT_BLOCKED if "capture_child: blocked" in why else EXIT_CHECK_FAILED
             raise CliError(f"{name} exited {rc}: {why} (see {log}.stderr)", code)
 
-    def read_record(self, path: pathlib.Path, step_name: str) -> dict:
+    def read_record(self, path: pathlib.Path, step_name: str, step: int = -1, log: str = "child") -> dict:
+        """The child's record, its dispatch kept in its step (``step``: an index into the manifest's steps)."""
         if not path.exists():
-            raise CliError(f"{step_name}: the child wrote no record (see child.stderr)", EXIT_CHECK_FAILED)
+            raise CliError(f"{step_name}: the child wrote no record (see {log}.stderr)", EXIT_CHECK_FAILED)
         rec = read_child_record(path, step_name)
         path.unlink()
-        self.run.manifest["steps"][-1]["dispatch"] = rec["dispatch"]
+        self.run.manifest["steps"][step]["dispatch"] = rec["dispatch"]
         if not self.node_from_child:  # the first (traced) child's node record, taken in its environment
             self.run.manifest["node"], self.node_from_child = rec["node"], True
         return rec
@@ -250,6 +332,36 @@ class Capture:
         self.check("nsys export", rc, "tools")
         if not (d / "trace.sqlite").exists():
             raise CliError("nsys export exited 0 but wrote no trace.sqlite (see tools.stderr)", EXIT_CHECK_FAILED)
+
+    def nsys_ranks(self, nsys: tools.Tool) -> None:
+        """--ranks N: the N ranks side by side, each under its own nsys; then each rank's export. The manifest's
+        ``dispatch`` holds every rank's records, each with its ``rank``; its node is rank 0's."""
+        d, n = self.run.path, self.args.ranks
+        backend, port = dist_backend(self.args.device, n), free_port()
+        self.run.manifest["ranks"] = {"world_size": n, "backend": backend}
+        first = len(self.run.manifest["steps"])
+        items = [(f"nsys profile rank {r}",
+                  nsys_profile_argv(nsys.path, str(d / f"trace_rank{r}"),
+                                    child_argv(self.args, self.args.workload, str(d / f"child-nsys-rank{r}.json"),
+                                               backend)),
+                  f"child_rank{r}", rank_environ(self.environ, r, n, port)) for r in range(n)]
+        results = self.steps(items)
+        # the rank that failed first is the one to name, not the ranks ended because of it (SIGTERM)
+        for r in sorted(range(n), key=lambda r: results[r][0] == -signal.SIGTERM):
+            self.check(f"nsys profile rank {r}", results[r][0], f"child_rank{r}")
+        for r in range(n):
+            if not (d / f"trace_rank{r}.nsys-rep").exists():
+                raise CliError(f"nsys profile rank {r} exited 0 but wrote no trace_rank{r}.nsys-rep (see "
+                               f"child_rank{r}.stdout)", EXIT_CHECK_FAILED)
+            rec = self.read_record(d / f"child-nsys-rank{r}.json", f"nsys profile rank {r}", first + r,
+                                   f"child_rank{r}")
+            self.run.manifest["dispatch"] += [{"rank": r, **x} for x in rec["dispatch"]]
+        for r in range(n):
+            name, rep, out = f"nsys export rank {r}", d / f"trace_rank{r}.nsys-rep", d / f"trace_rank{r}.sqlite"
+            rc, _ = self.step(name, nsys_export_argv(nsys.path, str(rep), str(out)), "tools")
+            self.check(name, rc, "tools")
+            if not out.exists():
+                raise CliError(f"{name} exited 0 but wrote no {out.name} (see tools.stderr)", EXIT_CHECK_FAILED)
 
     def ncu(self, ncu: tools.Tool) -> None:
         d, rows, merged = self.run.path, [], {}
@@ -323,11 +435,10 @@ class _Tee(io.TextIOBase):
             s.flush()
 
 
-def analyze_verdict(final: pathlib.Path) -> tuple[int, str]:
+def analyze_verdict(argv: list[str]) -> tuple[int, str]:
     """The analyzer's exit code on the finished run with --require-fused, and its last error line."""
     from pipelines import analyze
 
-    argv = [str(final), "--require-fused"]
     kept = io.StringIO()
     with contextlib.redirect_stderr(_Tee(sys.stderr, kept)):
         try:
@@ -342,13 +453,14 @@ def analyze_verdict(final: pathlib.Path) -> tuple[int, str]:
     return rc, why
 
 
-def require_fused(final: pathlib.Path, manifest: dict) -> tuple[int, str]:
+def require_fused(final: pathlib.Path, manifest: dict, ranks: bool = False) -> tuple[int, str]:
     """The analyzer's verdict on the finished run, recorded as a step of the run's manifest (with the analyzer's
     own exit code), mapped to capture's: analyzer 0 -> 0; 1 (not fused) -> 1; 2 (the trace could not be
-    analysed) -> 1, a check asked for failed; 3 (blocked: no sqlite extension) -> 3. Returns (code, message)."""
+    analysed) -> 1, a check asked for failed; 3 (blocked: no sqlite extension) -> 3. Returns (code, message).
+    A --ranks run is judged by ``analyze --ranks``, its report written into the run's report/ as for one trace."""
     t = time.monotonic()
-    rc, why = analyze_verdict(final)
-    argv = [str(final), "--require-fused"]
+    argv = (["--ranks", str(final), "--out", str(final / "report")] if ranks else [str(final)]) + ["--require-fused"]
+    rc, why = analyze_verdict(argv)
     manifest["steps"].append({"name": "analyze --require-fused", "command": ["python", "-m", "pipelines.analyze",
                               *argv], "exit_code": rc, "seconds": round(time.monotonic() - t, 3)})
     runs.write_json_atomic(final / "manifest.json", manifest)
@@ -393,7 +505,7 @@ def capture(args, argv, found, environ) -> int:
     cap = Capture(args, run, environ)
     try:
         if "nsys" in found:
-            cap.nsys(found["nsys"])
+            cap.nsys_ranks(found["nsys"]) if args.ranks else cap.nsys(found["nsys"])
         if "ncu" in found:
             cap.ncu(found["ncu"])
     except CliError as e:
@@ -410,7 +522,7 @@ def capture(args, argv, found, environ) -> int:
     cap.progress(f"complete: {final}")
     print(str(final))
     if args.require_fused:
-        rc, msg = require_fused(final, run.manifest)
+        rc, msg = require_fused(final, run.manifest, ranks=bool(args.ranks))
         if rc != EXIT_OK:
             return fail(PROG, f"{msg} (run kept at {final})", rc)
     return EXIT_OK

@@ -4,6 +4,11 @@ For each workload: inputs, then ``--warmup`` runs outside any NVTX range (compil
 first-launch costs stay out of the measured ranges), then ``--repeat`` repetitions, each inside the
 workload's range (``Workload.repetition``). It writes the process's dispatch history and node record to
 FILE, which the parent copies into the manifest: the records of the process that was traced.
+
+With ``--dist-backend`` (capture --ranks) the process first joins its job's ``torch.distributed`` group from the
+environment torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; LOCAL_RANK picks the GPU) and runs an
+all_reduce after each repetition, outside the workload range: the ranks go through the repetitions in step, as
+a data-parallel job does, and with NCCL the communication kernels are in the trace.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--device", choices=("cuda", "cpu"), required=True)
     ap.add_argument("--record", required=True, help="JSON file for the dispatch history and node record")
+    ap.add_argument("--dist-backend", choices=("gloo", "nccl"),
+                    help="join the torch.distributed group of the environment (RANK, WORLD_SIZE, MASTER_*)")
     return ap
 
 
@@ -45,6 +52,22 @@ def _sync(device) -> None:
     errors.check_errors(device)
 
 
+def join_group(backend: str, device):
+    """Join the job's process group (env:// rendezvous); returns (the device for this rank, a step function that
+    all-reduces a one-element tensor: on the rank's GPU with NCCL, on the CPU with gloo, which then adds no GPU
+    work to the trace)."""
+    import torch
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
+    token = torch.ones(1, device=device if backend == "nccl" else "cpu")
+    print(f"{PROG}: rank {dist.get_rank()} of {dist.get_world_size()} ({backend})", flush=True)
+    return device, lambda: dist.all_reduce(token)
+
+
 def run(args) -> dict:
     import torch
 
@@ -53,6 +76,9 @@ def run(args) -> dict:
     if nvtx_ranges._nvtx is None:
         raise RuntimeError("blocked: the nvtx Python package is missing, the trace would have no workload ranges")
     device = torch.device(args.device)
+    together = None
+    if args.dist_backend:
+        device, together = join_group(args.dist_backend, device)
     dtype = workloads.DTYPES[args.dtype]
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
     dispatch.reset()
@@ -67,12 +93,19 @@ def run(args) -> dict:
         t1 = time.perf_counter()
         for _ in range(args.repeat):
             w.repetition(inputs)
+            if together:
+                together()
         _sync(device)
         t2 = time.perf_counter()
         timings.append({"workload": name, "warmup_seconds": round(t1 - t0, 6), "repeat_seconds": round(t2 - t1, 6)})
         print(f"{PROG}: {name}: {args.warmup} warm-up + {args.repeat} repetitions in {t2 - t0:.2f} s", flush=True)
         del inputs
-    return {"dispatch": dispatch.history_json(), "node": env.describe(), "timings": timings}
+    record = {"dispatch": dispatch.history_json(), "node": env.describe(), "timings": timings}
+    if together:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    return record
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,7 @@ if a == ["--version"]:
     sys.exit(0)
 if a[0] == "profile":
     base = a[a.index("-o") + 1]
-    if os.environ.get("FAKE_NSYS_FAIL"):
+    if os.environ.get("FAKE_NSYS_FAIL") or os.environ.get("FAKE_NSYS_FAIL_RANK", "-") == os.environ.get("RANK"):
         print("fake nsys: injected failure", file=sys.stderr)
         sys.exit(1)
     if os.environ.get("FAKE_NSYS_QDSTRM"):  # what nsys does when its importer cannot start
@@ -77,7 +77,7 @@ def fakes(tmp_path, monkeypatch):
         p.write_text(text)
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    for var in ("NSYS", "NCU", "FAKE_NSYS_FAIL", "FAKE_NSYS_QDSTRM"):
+    for var in ("NSYS", "NCU", "FAKE_NSYS_FAIL", "FAKE_NSYS_FAIL_RANK", "FAKE_NSYS_QDSTRM"):
         monkeypatch.delenv(var, raising=False)
     return tmp_path
 
@@ -130,6 +130,11 @@ def test_command_lines():
     (["--workload", "logp-fused", "--top-p", "nan"], "--top-p"),
     (["--workload", "logp-fused", "--bogus"], "unrecognized arguments: --bogus"),
     (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--workload", "logp-fused", "--ranks", "0"], "--ranks must be >= 1"),
+    (["--workload", "logp-fused", "--ranks", "-2"], "--ranks must be >= 1"),
+    (["--workload", "logp-fused", "--ranks", "two"], "--ranks"),
+    (["--workload", "logp-fused", "--ranks", "2", "--tool", "ncu"], "--ranks traces with nsys only"),
+    (["--workload", "logp-fused", "--ranks", "2", "--tool", "all"], "--ranks traces with nsys only"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, words, capsys):
     assert capture.main(argv) == EXIT_USAGE
@@ -351,3 +356,60 @@ def test_require_fused_on_a_trace_the_analyzer_cannot_read_exits_1(fakes, capsys
     assert "not an nsys export" in last and f"run kept at {run}" in last
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "complete" and m["steps"][-1]["exit_code"] == EXIT_USAGE
+
+
+# ---- --ranks: one process group, one trace per rank ------------------------------------------------------
+
+def test_capture_ranks_two_gloo_processes_on_cpu(fakes, capsys):
+    """Two real processes in one gloo group on the CPU (an all_reduce after each repetition), each under its own
+    (fake) nsys: trace_rank<N> per rank, one manifest with each rank's dispatch, the layout analyze --ranks reads."""
+    from pipelines import analyze, ranks
+
+    assert run_capture(fakes / "runs", "--ranks", "2") == EXIT_OK
+    run = only_run(fakes / "runs")
+    assert capsys.readouterr().out.strip().splitlines()[-1] == str(run)
+    assert sorted(p.name for p in run.iterdir()) == [
+        "child_rank0.stderr", "child_rank0.stdout", "child_rank1.stderr", "child_rank1.stdout", "manifest.json",
+        "tools.stderr", "tools.stdout", "trace_rank0.nsys-rep", "trace_rank0.sqlite", "trace_rank1.nsys-rep",
+        "trace_rank1.sqlite"]
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["status"], m["ranks"]) == ("complete", {"world_size": 2, "backend": "gloo"})
+    assert [s["name"] for s in m["steps"]] == ["nsys profile rank 0", "nsys profile rank 1", "nsys export rank 0",
+                                               "nsys export rank 1"]
+    cmd = m["steps"][1]["command"]
+    assert cmd[cmd.index("-o") + 1].endswith("/trace_rank1") and cmd[-2:] == ["--dist-backend", "gloo"]
+    for n in (0, 1):
+        out = (run / f"child_rank{n}.stdout").read_text()
+        assert f"pipelines.capture_child: rank {n} of 2 (gloo)" in out and "1 warm-up + 3 repetitions" in out
+        mine = [{k: v for k, v in d.items() if k != "rank"} for d in m["dispatch"] if d["rank"] == n]
+        assert mine == m["steps"][n]["dispatch"] and sum(d["count"] for d in mine) == 8  # 2 workloads x (1 + 3)
+    assert {d["rank"] for d in m["dispatch"]} == {0, 1}
+    # analyze --ranks finds both ranks by their names, each with the shared manifest
+    specs = ranks.discover(run, analyze.resolve)
+    assert [(s.rank, s.label) for s in specs] == [(0, "trace_rank0.sqlite"), (1, "trace_rank1.sqlite")]
+    assert all(s.source.manifest == m for s in specs)
+
+
+def test_capture_ranks_a_failing_rank_ends_the_others(fakes, monkeypatch, capsys):
+    # rank 1's nsys fails before its child starts: rank 0 waits in the rendezvous until the capture ends it
+    monkeypatch.setenv("FAKE_NSYS_FAIL_RANK", "1")
+    assert run_capture(fakes / "runs", "--ranks", "2") == EXIT_CHECK_FAILED
+    run = only_run(fakes / "runs")
+    m = json.loads((run / "manifest.json").read_text())
+    assert run.name.endswith("-failed") and m["status"] == "failed"
+    assert m["error"].startswith("nsys profile rank 1 exited 1: fake nsys: injected failure")
+    assert [s["exit_code"] != 0 for s in m["steps"]] == [True, True]  # rank 0 ended, not left waiting
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_require_fused_with_ranks_asks_analyze_ranks(tmp_path, monkeypatch):
+    from pipelines import analyze
+
+    seen = []
+    monkeypatch.setattr(analyze, "main", lambda argv: seen.append(argv) or 0)
+    (tmp_path / "run").mkdir()
+    manifest = {"steps": []}
+    assert capture.require_fused(tmp_path / "run", manifest, ranks=True) == (EXIT_OK, "")
+    assert seen == [["--ranks", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "report"),
+                     "--require-fused"]]
+    assert manifest["steps"][-1]["command"][3:] == seen[0]
