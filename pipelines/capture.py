@@ -250,34 +250,42 @@ class Capture:
                                                    stderr=err, env=environ, text=True,
                                                    start_new_session=len(items) > 1), time.monotonic()))
                 text = procs[0][0].communicate()[0] if capture_stdout else ""
-                self._wait([p for p, _ in procs], [it[0] for it in items])
+                ended = self._wait([p for p, _ in procs], [it[0] for it in items])
             except BaseException:
                 self._end([p for p, _ in procs])
                 raise
         results = []
-        for (name, argv, _, _), (proc, t) in zip(items, procs, strict=True):
-            seconds = round(time.monotonic() - t, 3)
+        for (name, argv, _, _), (proc, t), end in zip(items, procs, ended, strict=True):
+            seconds = round(end - t, 3)
             self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
                                                "seconds": seconds})
             self.progress(f"{name}: exit {proc.returncode} in {seconds:.1f} s")
             results.append((proc.returncode, text))
         return results
 
-    def _wait(self, procs: list, names: list[str]) -> None:
+    def _wait(self, procs: list, names: list[str]) -> list[float]:
+        """Wait for every command, ending the others once one has failed; returns when each was seen to end (the
+        first failure is the one to name: the ranks ended because of it may exit nonzero too)."""
+        ended: list[float | None] = [None] * len(procs)
         beat = time.monotonic()
-        for proc in procs:
-            while True:
-                try:
-                    proc.wait(timeout=POLL_S if len(procs) > 1 else HEARTBEAT_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    if any(p.poll() not in (None, 0) for p in procs):
-                        self._end(procs)
-                    if time.monotonic() - beat >= HEARTBEAT_S or len(procs) == 1:
-                        beat = time.monotonic()
-                        for p, name in zip(procs, names, strict=True):
-                            if p.poll() is None:
-                                self.progress(f"{name}: still running")
+        while True:
+            for i, p in enumerate(procs):
+                if ended[i] is None and p.poll() is not None:
+                    ended[i] = time.monotonic()
+            running = [p for p, e in zip(procs, ended, strict=True) if e is None]
+            if not running:
+                return ended
+            if any(p.returncode not in (None, 0) for p in procs):
+                self._end(procs)
+                continue
+            try:
+                running[0].wait(timeout=POLL_S if len(procs) > 1 else HEARTBEAT_S)
+            except subprocess.TimeoutExpired:
+                if time.monotonic() - beat >= HEARTBEAT_S or len(procs) == 1:
+                    beat = time.monotonic()
+                    for p, name in zip(procs, names, strict=True):
+                        if p.poll() is None:
+                            self.progress(f"{name}: still running")
 
     @staticmethod
     def _end(procs: list) -> None:
@@ -346,8 +354,9 @@ class Capture:
                                                backend)),
                   f"child_rank{r}", rank_environ(self.environ, r, n, port)) for r in range(n)]
         results = self.steps(items)
-        # the rank that failed first is the one to name, not the ranks ended because of it (SIGTERM)
-        for r in sorted(range(n), key=lambda r: results[r][0] == -signal.SIGTERM):
+        # the rank that failed first is the one to name, not the ranks ended because of it
+        steps = self.run.manifest["steps"][first:]
+        for r in sorted(range(n), key=lambda r: (results[r][0] == 0, steps[r]["seconds"])):
             self.check(f"nsys profile rank {r}", results[r][0], f"child_rank{r}")
         for r in range(n):
             if not (d / f"trace_rank{r}.nsys-rep").exists():

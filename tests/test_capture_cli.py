@@ -399,6 +399,7 @@ def test_capture_ranks_a_failing_rank_ends_the_others(fakes, monkeypatch, capsys
     assert run.name.endswith("-failed") and m["status"] == "failed"
     assert m["error"].startswith("nsys profile rank 1 exited 1: fake nsys: injected failure")
     assert [s["exit_code"] != 0 for s in m["steps"]] == [True, True]  # rank 0 ended, not left waiting
+    assert m["steps"][1]["seconds"] <= m["steps"][0]["seconds"]  # each step's own time: rank 1 failed first
     assert "Traceback" not in capsys.readouterr().err
 
 
