@@ -14,13 +14,12 @@ a bounded ring, so the error can be named later.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 
 import torch
 
 from rlkernel import envflags
-from rlkernel.validate import position_in
+from rlkernel.validate import bad_id_error, no_distribution_error, position_in
 
 EMPTY = (1 << 63) - 1
 ERR_LOGP_BAD_ID = 1  # kErrOpLogpBadId (csrc/include/rlkernel/error_record.h)
@@ -36,7 +35,7 @@ _counter = itertools.count(1)
 _lock = threading.Lock()
 
 
-@torch._dynamo.assume_constant_result
+@torch.compiler.assume_constant_result
 def _mode_for_trace() -> str:  # read once when torch.compile traces: a compiled graph bakes the mode in
     return envflags.validate_mode()
 
@@ -75,9 +74,7 @@ def record(device: torch.device) -> torch.Tensor:
 @torch.compiler.assume_constant_result
 def _address_for_trace(index: int | None) -> int:
     """The device's record address, made if need be, when torch.compile traces: a constant of the graph."""
-    device = torch.device("cuda", index if index is not None else torch.cuda.current_device())
-    record(device)
-    return _addresses[device.index]
+    return record(torch.device("cuda", index)).data_ptr()
 
 
 def _make_record(device: torch.device) -> torch.Tensor:
@@ -96,14 +93,12 @@ def begin(op: str, device: torch.device, shape, vocab: int) -> tuple[int, int, b
         if _mode_for_trace() == "0":
             return 0, 0, False
         return _address_for_trace(device.index), COMPILED_SEQ, False
-    raw = os.environ.get("RLKERNEL_VALIDATE")
-    mode = "1" if raw is None or raw == "1" else envflags.validate_mode()
+    mode = envflags.validate_mode()
     if mode == "0":
         return 0, 0, False
-    address = _addresses.get(device.index) if device.index is not None else None
-    if address is None:
-        record(device)
-        address = _addresses[device.index if device.index is not None else torch.cuda.current_device()]
+    address = _addresses.get(device.index)
+    if address is None:  # the first call on this device (or a device given without its index)
+        address = record(device).data_ptr()
     seq = next(_counter) % (_SEQ_LIMIT - 1) + 1  # 1 .. 2^31 - 1: 0 belongs to compiled calls
     _ring[seq % RING] = (seq, op, shape, vocab)  # shape: a torch.Size (immutable)
     return address, seq, mode == "sync"
@@ -157,9 +152,8 @@ def describe(key: int, op_code: int, value: int) -> Exception:
         which = "a torch.compile'd call" if seq == COMPILED_SEQ else f"call #{seq}, no longer remembered"
         which += ", flat position"
     if op_code == ERR_SAMPLE_NO_DIST:  # rows are counted flat, as the CPU path names them
-        return ValueError(f"sample: row {flat} has no finite probabilities (all -inf or NaN logits) [{which}]")
-    size = f", vocab size {vocab}" if vocab is not None else ""
-    return IndexError(f"{op}: token id out of range at position {where} (id {value}{size}) [{which}]")
+        return no_distribution_error(flat, f" [{which}]")
+    return bad_id_error(where, value, vocab, op, f" [{which}]")
 
 
 def check_errors(device=None) -> None:

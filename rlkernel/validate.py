@@ -25,23 +25,22 @@ def position_in(flat: int, shape) -> tuple[int, ...]:
     return tuple(reversed(pos))
 
 
-def bad_id_error(flat_pos: int, ids_shape, value: int | None = None, vocab_size: int | None = None,
-                 op: str = "logp.forward") -> IndexError:
-    """The IndexError for a token id outside [0, V) that is not ignore_index, naming the op and the first bad
-    position."""
-    pos = position_in(int(flat_pos), ids_shape)
-    what = f" (id {value}, vocab size {vocab_size})" if value is not None else ""
-    return IndexError(f"{op}: token id out of range at position {pos}{what}")
+def bad_id_error(where, value: int, vocab_size: int | None, op: str = "logp.forward", note: str = "") -> IndexError:
+    """The IndexError for a token id outside [0, V) that is not ignore_index: the op, the first bad position (an
+    index tuple, or a flat position), the id and V. The CPU check and the device error record both raise it."""
+    size = f", vocab size {vocab_size}" if vocab_size is not None else ""
+    return IndexError(f"{op}: token id out of range at position {where} (id {value}{size}){note}")
 
 
-_INTEGERS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+def no_distribution_error(row: int, note: str = "") -> ValueError:
+    """The ValueError for a row ``sample`` cannot draw from (a NaN, or no finite logit), counted flat."""
+    return ValueError(f"sample: row {row} has no finite probabilities (all -inf or NaN logits){note}")
 
 
 def check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in _FLOATS and not logits.is_floating_point():
+    if not logits.is_floating_point():
         raise TypeError(f"logits must be a floating-point tensor, got {logits.dtype}")
     if logits.dim() < 1:
         raise ValueError("logits must have at least one dimension (the vocabulary)")
@@ -84,15 +83,14 @@ def check_logp_args(logits, token_ids, temperature, ignore_index) -> None:
     check_logits(logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
-    if token_ids.dtype not in _INTEGERS and (token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool
-                                             or token_ids.is_complex()):
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
         raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
     if token_ids.shape != logits.shape[:-1]:
         raise ValueError(
             f"token_ids shape {tuple(token_ids.shape)} must equal logits.shape[:-1] {tuple(logits.shape[:-1])}"
             f" (logits shape {tuple(logits.shape)})"
         )
-    if logits.get_device() != token_ids.get_device() or logits.device.type != token_ids.device.type:
+    if logits.device != token_ids.device:
         raise ValueError(f"logits on {logits.device} and token_ids on {token_ids.device}: must be on one device")
     check_temperature(temperature, allow_zero=False)
     ignore_index = _int64("ignore_index", ignore_index)
@@ -103,7 +101,7 @@ def check_logp_args(logits, token_ids, temperature, ignore_index) -> None:
         bad = (ids != ignore_index) & ((ids < 0) | (ids >= logits.shape[-1]))
         if bool(bad.any()):
             first = int(bad.nonzero()[0])
-            raise bad_id_error(first, token_ids.shape, int(ids[first]), logits.shape[-1])
+            raise bad_id_error(position_in(first, token_ids.shape), int(ids[first]), logits.shape[-1])
 
 
 def check_sample_args(logits, temperature, top_k, top_p, generator) -> None:

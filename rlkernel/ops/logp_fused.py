@@ -15,6 +15,7 @@ Registration here happens once, after the extension loaded (the schemas live in 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -130,13 +131,11 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
     if report_as is None:
         address, seq, sync = errors.begin("logp.forward", logits.device, lead, logits.shape[-1])
         report_as = (address, seq, errors.ERR_LOGP_BAD_ID)
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled() and logits.requires_grad):
+    # no gradient wanted: straight to the CUDA kernel, past the Python autograd wrapper register_autograd adds
+    with_grad = torch.compiler.is_compiling() or (torch.is_grad_enabled() and logits.requires_grad)
+    with contextlib.nullcontext() if with_grad else _BELOW_AUTOGRAD():
         logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,
                                     inplace_backward, requested)
-    else:  # no gradient: straight to the CUDA kernel, past the Python autograd wrapper register_autograd adds
-        with _BELOW_AUTOGRAD():
-            logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,
-                                        inplace_backward, requested)
     errors.after_call(logits.device, sync)
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 

@@ -5,6 +5,7 @@ import torch
 
 from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.validate import no_distribution_error
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
@@ -29,9 +30,6 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
     return sorted_p, order
 
 
-_NO_DIST = "sample: row {} has no finite probabilities (all -inf or NaN logits)"
-
-
 def _draw(rows, temperature, top_k, top_p, generator):
     """(ids, bad rows). The draw is an exponential race, argmax of p_i / E_i with E_i ~ Exp(1), which picks i with
     probability p_i exactly and needs no host sync (torch.multinomial reads back to the host on CUDA). A row without
@@ -48,7 +46,7 @@ def _draw(rows, temperature, top_k, top_p, generator):
         score = torch.where(probs > 0, probs / race, torch.full_like(probs, -1.0))
         ids = order.gather(-1, score.argmax(dim=-1, keepdim=True)).squeeze(-1)
     if rows.device.type == "cpu" and not torch.compiler.is_compiling() and bool(bad.any()):  # compiled: -1 only
-        raise ValueError(_NO_DIST.format(int(bad.nonzero()[0])))
+        raise no_distribution_error(int(bad.nonzero()[0]))
     return torch.where(bad, torch.full_like(ids, -1), ids), bad
 
 
