@@ -14,7 +14,7 @@ import duckdb
 
 from pipelines import datafiles
 
-STAGES = ("stage_gpu_ops", "stage_ranges", "stage_range_tree", "stage_host_syncs", "stage_range_ops",
+STAGES = ("stage_macros", "stage_gpu_ops", "stage_ranges", "stage_range_tree", "stage_host_syncs", "stage_range_ops",
           "stage_range_instances")
 
 
@@ -43,7 +43,7 @@ def stage(con: duckdb.DuckDBPyConnection, on_step: Callable[[str, int, int], Non
     steps = [st for name in STAGES for st in statements(name)]
     for i, st in enumerate(steps):
         if on_step is not None:
-            m = re.search(r"TEMP TABLE (\w+)", st)
+            m = re.search(r"TEMP (?:TABLE|MACRO) (\w+)", st)
             on_step(m.group(1) if m else "?", i, len(steps))
         con.execute(st)
 

@@ -10,7 +10,7 @@
 --   is the time both ran at once.
 -- first_start_ns/last_end_ns: the first instance's start and the last one's end on the trace's clock (the whole-
 --   trace row: the first GPU operation's start and the last one's end); span_ns between them.
--- verdict: over the range's dispatch rows (the same rule as workload_summary.sql); NULL for a range that is
+-- verdict: over the range's dispatch rows (verdict_over, the rule of workload_summary.sql); NULL for a range that is
 --   neither a workload nor an op range.
 WITH
 comm_names AS (
@@ -66,13 +66,7 @@ host AS (
 ),
 verdicts AS (
     SELECT range,
-           CASE
-               WHEN bool_and(verdict = 'fused') THEN 'fused'
-               WHEN bool_or(verdict = 'fallback') THEN 'fallback'
-               WHEN bool_and(verdict = 'native') THEN 'native'
-               WHEN bool_and(verdict = 'no-gpu-work') THEN 'no-gpu-work'
-               ELSE 'mixed'
-           END AS verdict,
+           verdict_over(verdict) AS verdict,  -- stage_macros.sql, the rule workload_summary.sql uses
            bool_or(required_fused) AS required_fused
     FROM dispatch
     GROUP BY range

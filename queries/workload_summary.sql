@@ -7,13 +7,7 @@ SELECT
     any_value(workload) AS workload,
     bool_or(required_fused) AS required_fused,
     count(*) AS instances,
-    CASE
-        WHEN bool_and(verdict = 'fused') THEN 'fused'
-        WHEN bool_or(verdict = 'fallback') THEN 'fallback'
-        WHEN bool_and(verdict = 'native') THEN 'native'
-        WHEN bool_and(verdict = 'no-gpu-work') THEN 'no-gpu-work'
-        ELSE 'mixed'
-    END AS verdict,
+    verdict_over(verdict) AS verdict,  -- stage_macros.sql
     CAST(sum(fused_kernels) AS BIGINT) AS fused_kernels,
     CAST(sum(other_kernels) AS BIGINT) AS other_kernels,
     round(avg(proj_gpu_ns), 1) AS mean_proj_gpu_ns,

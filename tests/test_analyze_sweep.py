@@ -170,7 +170,7 @@ def test_staging_reports_each_step_and_speaks_during_a_long_one(capsys):
     trace_db.empty_sources(con)
     steps = []
     sql.stage(con, lambda step, done, total: steps.append((step, done, total)))
-    assert [s[0] for s in steps][:2] == ["gpu_ops", "ranges"] and steps[-1][0] == "range_instances"
+    assert [s[0] for s in steps][:3] == ["verdict_over", "gpu_ops", "ranges"] and steps[-1][0] == "range_instances"
     assert [s[1] for s in steps] == list(range(len(steps))) and {s[2] for s in steps} == {len(steps)}
     beat = analysis.Heartbeat("t.sqlite", every=0.1)
     with beat.running():
