@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from rlkernel import envflags
+from rlkernel.traced import constant_when_traced
 
 OPS = ("logp.forward", "logp.backward", "sample")
 BACKENDS = ("auto", "fused", "native")
@@ -71,7 +72,7 @@ def _fold_compiled() -> None:
     _compiled_counts.zero_()
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _compiled_slot(op: str, requested: str, backend: str, status: str, reason: str) -> int:
     """The counter slot of a record, assigned when torch.compile traces a call that makes it."""
     rec = Dispatch(op, requested, backend, status, reason)
@@ -173,7 +174,7 @@ def strict_from_env() -> bool:
     return envflags.env_bool("RLKERNEL_REQUIRE_FUSED")
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _strict_for_trace() -> bool:  # read when torch.compile traces: a compiled graph bakes the decision in
     return envflags.env_bool("RLKERNEL_REQUIRE_FUSED")
 
@@ -206,7 +207,7 @@ def _decide(op, backend, require_fused, strict_env, device_type, dtype) -> tuple
     return Dispatch(op, backend, "native", "fallback", reason), None
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _decide_for_trace(op, backend, require_fused, strict_env, device_type, dtype) -> tuple:
     """The decision as constants (backend, status, reason, error), taken once when torch.compile traces."""
     rec, error = _decide(op, backend, require_fused, strict_env, device_type, dtype)

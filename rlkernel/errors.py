@@ -19,6 +19,7 @@ import threading
 import torch
 
 from rlkernel import envflags
+from rlkernel.traced import constant_when_traced
 from rlkernel.validate import bad_id_error, no_distribution_error, position_in
 
 EMPTY = (1 << 63) - 1
@@ -35,7 +36,7 @@ _counter = itertools.count(1)
 _lock = threading.Lock()
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _mode_for_trace() -> str:  # read once when torch.compile traces: a compiled graph bakes the mode in
     return envflags.validate_mode()
 
@@ -71,7 +72,7 @@ def record(device: torch.device) -> torch.Tensor:
     return rec
 
 
-@torch.compiler.assume_constant_result
+@constant_when_traced
 def _address_for_trace(index: int | None) -> int:
     """The device's record address, made if need be, when torch.compile traces: a constant of the graph."""
     return record(torch.device("cuda", index)).data_ptr()

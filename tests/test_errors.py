@@ -5,6 +5,9 @@ The device-side halves (kernels writing the record, sync-free CUDA calls, CUDA g
 """
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -111,6 +114,27 @@ def test_errors_are_named_from_the_ring(monkeypatch):
     e = errors.describe(((12 + errors.RING) << 32) | 4, errors.ERR_LOGP_BAD_ID, 77)
     assert "no longer remembered" in str(e) and "position 4 " in str(e)
     assert "torch.compile" in str(errors.describe(4, errors.ERR_LOGP_BAD_ID, 77))
+
+
+def test_the_trace_time_mark_is_torchs_own():
+    from rlkernel.traced import constant_when_traced
+
+    def a():
+        return 1
+
+    def b():
+        return 1
+
+    torch.compiler.assume_constant_result(a)
+    constant_when_traced(b)
+    assert vars(a) == vars(b) == {"_dynamo_marked_constant": True}
+
+
+def test_importing_the_ops_does_not_import_dynamo():
+    code = "import sys, rlkernel.ops.logp, rlkernel.ops.sampling; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 def test_check_errors_is_a_no_op_on_cpu():
