@@ -102,6 +102,22 @@ def syncs_per_call(fn, calls: int = 20) -> float:
     return sum("called a synchronizing" in str(w.message) for w in caught) / calls
 
 
+def host_table(title: str, steps: dict, calls: int, runs: int, *, cuda: bool) -> None:
+    """One row per step: the median over ``runs`` of the host us per call of ``calls`` calls in a row (with
+    ``cuda``, the queue drained before each run, untimed)."""
+    print(f"| {title} | host us per call |\n| --- | --- |")
+    for name, fn in steps.items():
+        per = []
+        for _ in range(runs):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+        print(f"| {name} | {statistics.median(per):.2f} |", flush=True)
+
+
 def cpu_only(calls: int, runs: int) -> None:
     """The Python layer alone: argument checks and dispatch.resolve, no kernel."""
     x, ids = torch.randn(256, 64), torch.randint(0, 64, (256,))
@@ -110,15 +126,7 @@ def cpu_only(calls: int, runs: int) -> None:
         "check_sample_args": lambda: validate.check_sample_args(x, 1.0, 50, 0.9, None),
         "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
     }
-    print("| python layer (CPU tensors, no kernel) | us per call |\n| --- | --- |")
-    for name, fn in cases.items():
-        per = []
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per.append((time.perf_counter() - t0) / calls * 1e6)
-        print(f"| {name} | {statistics.median(per):.2f} |")
+    host_table("python layer (CPU tensors, no kernel)", cases, calls, runs, cuda=False)
 
 
 def breakdown(calls: int, runs: int) -> None:
@@ -146,17 +154,7 @@ def breakdown(calls: int, runs: int) -> None:
         "rlkernel.logp": lambda: rlkernel.logp(x, ids),
         "rlkernel.sample": lambda: rlkernel.sample(xs, top_k=50, top_p=0.9),
     }
-    print("| layer (CUDA tensors) | host us per call |\n| --- | --- |")
-    for name, fn in steps.items():
-        per = []
-        for _ in range(runs):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            per.append((time.perf_counter() - t0) / calls * 1e6)
-            torch.cuda.synchronize()
-        print(f"| {name} | {statistics.median(per):.2f} |", flush=True)
+    host_table("layer (CUDA tensors)", steps, calls, runs, cuda=True)
 
 
 def main(argv=None) -> int:
