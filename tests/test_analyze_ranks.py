@@ -139,6 +139,34 @@ def test_slow_rank_is_named_with_its_spread(tmp_path, capsys):
     assert "rlkernel:logp-native: slowest rank 2" in capsys.readouterr().out
 
 
+def test_real_job_of_three_ranks_on_the_h200_names_its_slow_rank_and_matches_nsys_stats_per_rank(tmp_path, capsys):
+    """tests/data/ranks: tools/traces/ranks.py as one gloo job of three processes on the H200, each under its own
+    nsys; rank 1 sleeps 20 ms and runs two more matmuls in each `compute` range (tools/make_fixtures.sh ranks)."""
+    out = tmp_path / "rep"
+    assert main("--ranks", DATA / "ranks", "--out", out, "--jobs", "3") == 0
+    assert "(whole trace): slowest rank 1" in capsys.readouterr().out
+    c = cross(out)
+    assert {c[("ranks:compute", r)]["slowest_rank"] for r in range(3)} == {"1"}
+    for r in range(3):
+        nvtx = stats(f"ranks/rank{r}", "nvtx_sum").set_index("Range")
+        kern = stats(f"ranks/rank{r}", "cuda_gpu_kern_sum")
+        for name in ("ranks:step", "ranks:compute", "ranks:allreduce"):
+            row = c[(name, r)]
+            assert (int(row["instances"]), int(row["range_total_ns"])) == (
+                nvtx.loc[name, "Instances"], nvtx.loc[name, "Total Time (ns)"]), (name, r)
+        mine = [k for k in rows(out / "kernel_summary.csv") if int(k["rank"]) == r]
+        assert sorted((k["kernel"], int(k["instances"]), int(k["total_ns"])) for k in mine) == sorted(
+            zip(kern["Name"], kern["Instances"], kern["Total Time (ns)"], strict=True))
+        rank_row = next(k for k in rows(out / "ranks.csv") if int(k["rank"]) == r)
+        assert int(rank_row["kernels"]) == kern["Instances"].sum()
+    # the slow rank's extra matmuls: more GPU time in its compute ranges than any other rank's
+    busy = {r: int(c[("ranks:compute", r)]["busy_ns"]) for r in range(3)}
+    assert busy[1] > max(busy[0], busy[2])
+    # the others wait for it in the all-reduce: its own all-reduce time is the smallest
+    waits = {r: int(c[("ranks:allreduce", r)]["range_total_ns"]) for r in range(3)}
+    assert waits[1] < min(waits[0], waits[2])
+
+
 def test_multi_process_export_is_split_by_process_and_sums_to_nsys_stats_on_a_process_pool(tmp_path):
     out = tmp_path / "rep"
     assert main("--ranks", DATA / "multiproc", "--out", out, "--jobs", "2") == 0
