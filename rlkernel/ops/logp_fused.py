@@ -63,13 +63,22 @@ def _row_grad(g):
 _NO_GRADS = (None,) * 10  # one per input of logp_forward
 
 
+def _tracing(t: torch.Tensor) -> bool:
+    """Whether this backward is being traced rather than run: AOTAutograd traces the joint graph with fake tensors,
+    and there torch.compiler.is_compiling() can be False (seen with torch 2.11), which once counted a traced
+    backward as a call."""
+    from torch._subclasses.fake_tensor import is_fake  # here, not at import: it is loaded by the time it matters
+
+    return torch.compiler.is_compiling() or is_fake(t)
+
+
 def _backward(ctx, grad_logp, grad_entropy, grad_stats):
     logits, ids, stats, entropy = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
         grad_entropy = None
     if grad_logp is None and grad_entropy is None:
         return _NO_GRADS
-    if not torch.compiler.is_compiling():  # compiled: counted with the forward call (rlkernel.ops.logp)
+    if not _tracing(logits):  # compiled: counted with the forward call (rlkernel.ops.logp)
         dispatch.record("logp.backward", ctx.requested, "fused", "fused")
     args = (_row_grad(grad_logp), _row_grad(grad_entropy), logits, ids, stats, entropy, ctx.temperature,
             ctx.ignore_index)
