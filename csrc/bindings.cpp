@@ -10,6 +10,7 @@
 
 #include "rlkernel/logp_api.h"
 #include "rlkernel/torch_elem_type.h"
+#include "rlkernel/torch_ops.h"
 
 namespace {
 
@@ -49,11 +50,13 @@ void fill_rows(Args& a, const Tensor& logits, const Tensor& ids, double temperat
   a.stream = rlkernel::current_cuda_stream(logits.device().index());
 }
 
+}  // namespace
 
-std::tuple<Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
-                                                int64_t ignore_index, bool compute_entropy, int64_t error_record,
-                                                int64_t error_seq, int64_t error_op, bool /*inplace_backward*/,
-                                                c10::string_view /*requested*/) {
+namespace rlkernel::ops {
+
+std::tuple<Tensor, Tensor, Tensor> logp_forward_eager(const Tensor& logits, const Tensor& ids, double temperature,
+                                                      int64_t ignore_index, bool compute_entropy, int64_t error_record,
+                                                      int64_t error_seq, int64_t error_op) {
   check_rows(logits, ids);
   TORCH_CHECK(temperature > 0.0, "rlkernel: temperature must be > 0");
   c10::DeviceGuard guard(logits.device());
@@ -71,6 +74,19 @@ std::tuple<Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tens
   const char* err = rlkernel::logp_forward(a);
   TORCH_CHECK(err == nullptr, "rlkernel logp_forward: ", err);
   return {logp, entropy, stats};
+}
+
+}  // namespace rlkernel::ops
+
+namespace {
+
+// The registered op: the same call; `inplace_backward` and `requested` are for the autograd formula only.
+std::tuple<Tensor, Tensor, Tensor> logp_forward(const Tensor& logits, const Tensor& ids, double temperature,
+                                                int64_t ignore_index, bool compute_entropy, int64_t error_record,
+                                                int64_t error_seq, int64_t error_op, bool /*inplace_backward*/,
+                                                c10::string_view /*requested*/) {
+  return rlkernel::ops::logp_forward_eager(logits, ids, temperature, ignore_index, compute_entropy, error_record,
+                                           error_seq, error_op);
 }
 
 void logp_backward_into(const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,

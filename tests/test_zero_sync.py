@@ -77,6 +77,37 @@ def test_every_op_runs_without_a_host_sync(backend):
     rlkernel.check_errors()  # cleared
 
 
+def test_eager_entry_gives_the_registered_ops_bits_and_modes_still_see_the_op():
+    """The no-grad eager forward goes straight into rlkernel._C (csrc/eager_entry.cpp); under a torch dispatch mode,
+    or with a gradient to record, the registered op runs: same bits either way, errors reported the same way."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class SeenOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    x, ids = inputs(n=67, dtype=torch.float16, seed=4)
+    ids[9] = -5  # a bad id: NaN there, and a record entry, on both entries
+    with no_sync():
+        lp, ent = rlkernel.logp(x, ids, return_entropy=True, temperature=1.3, backend="fused")
+    with SeenOps() as seen:
+        lp_op, ent_op = rlkernel.logp(x, ids, return_entropy=True, temperature=1.3, backend="fused")
+    assert any("rlkernel.logp_forward" in op for op in seen.ops), seen.ops
+    lp_grad, ent_grad = rlkernel.logp(x.clone().requires_grad_(True), ids, return_entropy=True, temperature=1.3,
+                                      backend="fused")
+    torch.cuda.synchronize()
+    for a, b in ((lp, lp_op), (ent, ent_op), (lp, lp_grad.detach()), (ent, ent_grad.detach())):
+        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert lp[9].isnan() and torch.isfinite(lp[torch.arange(67, device="cuda") != 9]).all()
+    with pytest.raises(IndexError, match=r"position \(9,\) \(id -5"):
+        rlkernel.check_errors()
+
+
 @pytest.mark.parametrize("backend", ["fused", "native"])
 def test_the_first_error_of_the_earliest_call_is_kept(backend):
     x, ids = inputs(n=12)

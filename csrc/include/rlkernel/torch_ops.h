@@ -1,0 +1,18 @@
+// The ops' C++ bodies that more than one entry calls: the registered torch op (csrc/bindings.cpp) and the eager
+// entry of the Python module (csrc/eager_entry.cpp), which skips torch's op dispatcher on the no-grad eager path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace rlkernel::ops {
+
+// logp[N], entropy[N] (or [0]), stats[N, 2]: torch.ops.rlkernel.logp_forward without its autograd-only arguments.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logp_forward_eager(const at::Tensor& logits, const at::Tensor& ids,
+                                                                  double temperature, int64_t ignore_index,
+                                                                  bool compute_entropy, int64_t error_record,
+                                                                  int64_t error_seq, int64_t error_op);
+
+}  // namespace rlkernel::ops
