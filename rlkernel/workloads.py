@@ -219,7 +219,7 @@ def _compare_logp_bwd(inp) -> str | None:
 def _compare_sample(inp) -> str | None:
     """The fused sampler need not draw the same ids as native; each drawn id must be in the kept set."""
     from rlkernel import sample
-    from rlkernel.ops.sampling_native import filtered_probs
+    from rlkernel.ops.filters_native import Filtered
 
     ids = sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
                  generator=inp["generator"], backend="auto")
@@ -229,9 +229,9 @@ def _compare_sample(inp) -> str | None:
             row = int((ids != want).nonzero()[0])
             return f"sample: row {row} drew id {int(ids[row])} at temperature 0, argmax is {int(want[row])}"
         return None
-    probs, order = filtered_probs(inp["logits"], inp["temperature"], inp["top_k"], inp["top_p"])
-    kept = torch.zeros(inp["logits"].shape, dtype=torch.bool, device=ids.device).scatter_(-1, order, probs > 0)
-    outside = ~kept.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    rows = inp["logits"].reshape(-1, inp["logits"].shape[-1])
+    kept = Filtered(rows, inp["temperature"], inp["top_k"], inp["top_p"], 0.0).kept
+    outside = ~kept.gather(-1, ids.reshape(-1, 1)).view(ids.shape)
     if bool(outside.any()):
         row = int(outside.nonzero()[0])
         return f"sample: row {row} drew id {int(ids[row])}, outside the top-k/top-p set"
