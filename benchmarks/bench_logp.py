@@ -2,6 +2,7 @@
 
     python benchmarks/bench_logp.py                       # every shape of the issue (H200: ~3 minutes)
     python benchmarks/bench_logp.py --shapes 16384x128256 --repeat 100
+    python benchmarks/bench_logp.py --processed       # processed (filtered) forward vs plain fused forward (issue 20)
 
 Per shape: one [N+1, V] buffer of seeded random logits (Liger's selective log-softmax scores the first N rows of
 [1, N+1, V]; every other method reads the first N rows of the same buffer), median of --repeat runs timed each by
@@ -178,6 +179,49 @@ def bench_shape(n: int, v: int, dtype, warmup: int, repeat: int, compiled_native
     return rows
 
 
+PROCESSED_FILTERS = [  # (label, top_k, top_p): every row T = 1, min_p 0
+    ("k=50 p=0.9", 50, 0.9), ("k=128 p=0.9", 128, 0.9), ("k=50 p=1", 50, 1.0), ("k=0 p=0.9 (whole-row select)", 0, 0.9),
+]
+
+
+def bench_processed(n: int, v: int, dtype, warmup: int, repeat: int) -> list[dict]:
+    """The processed forward (kept set on the device, the sampler's filter code) next to the plain fused forward on
+    the same logits, as Python numbers and as per-row tensors."""
+    import rlkernel
+
+    gen = torch.Generator(device="cuda").manual_seed(n * 7 + v)
+    nbytes = n * v * torch.tensor([], dtype=dtype).element_size()
+    copies = max(1, -(-4 * L2_BYTES // nbytes))
+    bufs = [(torch.randn(n, v, device="cuda", generator=gen) * 4).to(dtype) for _ in range(copies)]
+    ids = torch.randint(0, v, (n,), device="cuda", generator=gen)
+    state = {"i": 0}
+
+    def rotate():
+        state["i"] += 1
+
+    def x():
+        return bufs[state["i"] % copies]
+
+    methods = [("plain fused forward", lambda: rlkernel.logp(x(), ids, backend="fused"))]
+    for label, k, p in PROCESSED_FILTERS:
+        methods.append((f"processed {label}", lambda k=k, p=p: rlkernel.logp(x(), ids, top_k=k, top_p=p,
+                                                                             backend="fused")))
+    rows_k = torch.full((n,), 50, dtype=torch.int64, device="cuda")
+    rows_p = torch.full((n,), 0.9, dtype=torch.float32, device="cuda")
+    methods.append(("processed k=50 p=0.9 per-row tensors",
+                    lambda: rlkernel.logp(x(), ids, top_k=rows_k, top_p=rows_p, backend="fused")))
+    out = []
+    for name, fn in methods:
+        ms = _events_median(fn, rotate, warmup, repeat)
+        out.append(dict(method=name, ms=ms, n=n, v=v, dtype=str(dtype).removeprefix("torch.")))
+    base = out[0]["ms"]
+    for r in out:
+        r["x_plain"] = r["ms"] / base
+    bufs.clear()
+    torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(prog="bench_logp", description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=None, help="comma-separated NxV (default: the issue's 9 shapes)")
@@ -185,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--out", default="reports")
+    ap.add_argument("--processed", action="store_true",
+                    help="only the processed-forward table (default shape 16384x128256 bf16; --shapes to change)")
     try:
         args = ap.parse_args(argv)
         parse = lambda s: tuple(int(p) for p in s.lower().split("x"))
@@ -206,6 +252,18 @@ def main(argv=None) -> int:
     os.environ["RLKERNEL_VALIDATE"] = "0"
     dev = env.device_record(torch.cuda.current_device())
     datasheet = dev.get("memory_bandwidth_bytes_per_s")
+    if args.processed:
+        desc = env.describe()
+        print(f"# {dev.get('name')} | CUDA {desc.get('cuda_runtime')} | torch {desc.get('torch')} | "
+              f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d} | median of {args.repeat} after {args.warmup} warm-up")
+        print("| dtype | N | V | method | ms | x plain fused forward | command |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for n, v in (shapes if args.shapes else [(16384, 128256)]):
+            for r in bench_processed(n, v, torch.bfloat16, args.warmup, args.repeat):
+                cmd = f"python benchmarks/bench_logp.py --processed --shapes {n}x{v} --repeat {args.repeat}"
+                print(f"| {r['dtype']} | {n} | {v} | {r['method']} | {r['ms']:.3f} | {r['x_plain']:.2f} | `{cmd}` |",
+                      flush=True)
+        return 0
     compiled_native = torch.compile(_native_logp, dynamic=True)
     rows = []
     for dtype, shape_list in ((torch.bfloat16, shapes), (torch.float32, fp32)):

@@ -4,7 +4,10 @@
                                         [--top-k 50] [--top-p 0.9] [--reps 200]
 
 Paths, all drawing from the same law (rlkernel.sample's):
-  fused  rlkernel.sample(backend="fused") (RLKERNEL_VALIDATE=0: no 4-byte read-back sync per call)
+  fused  rlkernel.sample(backend="fused") with the settings as Python numbers and a generator (RLKERNEL_VALIDATE=0:
+         no 4-byte read-back sync per call)
+  rows   the same settings as per-row tensors (temperature, top_k, top_p, min_p = 0) and a seed and an offset per
+         row (issue 20: target <= 1.1x the scalar fused call)
   sort   rlkernel's native path: softmax, a stable sort of the whole vocabulary, cumsum, multinomial
   topk   torch.topk(k) first, then softmax / top-p / multinomial on the k survivors
 Each call is timed alone with CUDA events while the GPU is kept busy ahead of the host (torch.cuda._sleep), so
@@ -81,24 +84,37 @@ def main() -> int:
     print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
           f"top_p={args.top_p}, T={args.temperature}, median of {args.reps} calls (us)")
-    print("| dtype | B | fused | sort (native) | topk | fused GB/s | x vs topk |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| dtype | B | fused | rows (per-row + seeds) | rows / fused | sort (native) | topk | fused GB/s | "
+          "x vs topk | command |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     gen = torch.Generator(device="cuda").manual_seed(0)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen)
     paths = {
         "fused": lambda x: rlkernel.sample(x, backend="fused", **kw),
+        "rows": None,  # per batch size: rows_path(b)
         "sort": lambda x: sample_native(x, **kw),
         "topk": lambda x: topk_path(x, **kw),
     }
+    def rows_path(b):
+        per_row = dict(temperature=torch.full((b,), args.temperature, device="cuda"),
+                       top_k=torch.full((b,), args.top_k, dtype=torch.int64, device="cuda"),
+                       top_p=torch.full((b,), args.top_p, device="cuda"), min_p=torch.zeros(b, device="cuda"),
+                       seed=torch.arange(b, device="cuda") * 7919 + 1, offset=torch.arange(b, device="cuda"))
+        return lambda x: rlkernel.sample(x, backend="fused", **per_row)
+
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
         for b in [int(x) for x in args.batches.split(",")]:
+            paths["rows"] = rows_path(b)
             nbytes = b * args.vocab * torch.finfo(dtype).bits // 8
             n_buf = max(2, -(-4 * L2_BYTES // nbytes))  # >= 4x the L2 in total
             inputs = [torch.randn(b, args.vocab, device="cuda", dtype=dtype) * 3 for _ in range(n_buf)]
             us = {name: time_path(fn, inputs, args.reps) for name, fn in paths.items()}
-            print(f"| {str(dtype).removeprefix('torch.')} | {b} | {us['fused']:.1f} | {us['sort']:.1f} | "
-                  f"{us['topk']:.1f} | {nbytes / us['fused'] / 1e3:.0f} | {us['topk'] / us['fused']:.1f} |",
-                  flush=True)
+            d = str(dtype).removeprefix("torch.")
+            cmd = (f"python benchmarks/bench_sampling.py --batches {b} --dtypes {d} --vocab {args.vocab} "
+                   f"--top-k {args.top_k} --top-p {args.top_p} --reps {args.reps}")
+            print(f"| {d} | {b} | {us['fused']:.1f} | {us['rows']:.1f} | {us['rows'] / us['fused']:.2f} | "
+                  f"{us['sort']:.1f} | {us['topk']:.1f} | {nbytes / us['fused'] / 1e3:.0f} | "
+                  f"{us['topk'] / us['fused']:.1f} | `{cmd}` |", flush=True)
             del inputs
     print("dispatch:", rlkernel.dispatch.history_json())
     return 0

@@ -134,7 +134,7 @@ namespace rlkernel {
 ErrorSink error_sink(int64_t record, int64_t seq, int64_t op) {
   TORCH_CHECK(record >= 0, "rlkernel: bad error record address");
   TORCH_CHECK(seq >= 0 && seq < (int64_t{1} << 31), "rlkernel: error sequence number out of range");
-  TORCH_CHECK(op == kErrOpLogpBadId || op == kErrOpSampleNoDist, "rlkernel: unknown error kind ", op);
+  TORCH_CHECK(op == kErrOpLogpBadId || op == kErrOpSampleNoDist || op == kErrOpBadArg, "rlkernel: unknown error kind ", op);
   ErrorSink sink;
   sink.record = reinterpret_cast<int64_t*>(static_cast<uintptr_t>(record));
   sink.seq = seq;

@@ -1,6 +1,7 @@
-// Launchers of the fused sampler. No torch include (the CI compile gate builds this with nvcc alone).
-// sample_launch opens the NVTX op range rlkernel:op.sample around everything it puts on the stream: the
-// rlkernel_* kernels, nothing else (rows without a distribution go to the device's error record from inside them).
+// Launchers of the fused sampler and of the processed log-probs (the same kernels in stats mode). No torch include
+// (the CI compile gate builds this with nvcc alone). Each opens its NVTX op range (rlkernel:op.sample,
+// op.logp.forward, op.logp.backward) around everything it puts on the stream: the rlkernel_* kernels, nothing else
+// (bad rows go to the device's error record from inside them).
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
@@ -8,6 +9,7 @@
 
 #include "rlkernel/sampling_api.cuh"
 #include "rlkernel/sampling_kernels.cuh"
+#include "rlkernel/sampling_processed.cuh"
 
 namespace rlkernel {
 namespace {
@@ -21,12 +23,38 @@ struct SampleMessage {
   static constexpr char const* message{"op.sample"};
 };
 
+struct LogpFwdMessage {
+  static constexpr char const* message{"op.logp.forward"};
+};
+struct LogpBwdMessage {
+  static constexpr char const* message{"op.logp.backward"};
+};
+
+template <class Message>
+nvtx3::scoped_range_in<NvtxDomain> op_range() {
+  return nvtx3::scoped_range_in<NvtxDomain>{
+      nvtx3::event_attributes{nvtx3::registered_string_in<NvtxDomain>::get<Message>()}};
+}
+
 int64_t splits_for(int64_t vocab) { return (vocab + kChunk - 1) / kChunk; }
 
-// The candidate path needs a small k (or T = 0) and at most one chunk per thread of the select block.
-bool use_fast_path(int64_t vocab, float temperature, int64_t top_k) {
-  const bool small_k = temperature == 0.f || (top_k >= 1 && top_k <= kMaxFastK && top_k < vocab);
+// The candidate path: when some row may take it, as far as the host knows without reading per-row values (a
+// per-row top_k, a small scalar k, or every row at T = 0), and at most one chunk per thread of the select block.
+// Rows that turn out not to (their own k is 0, large or >= V) take the whole-row path inside select.
+bool use_fast_path(int64_t vocab, const SampleSettings& s) {
+  const bool all_argmax = s.temperature_rows == nullptr && s.temperature == 0.f;
+  const bool small_k = s.top_k_rows != nullptr || all_argmax ||
+                       (s.top_k >= 1 && s.top_k <= kMaxFastK && s.top_k < vocab);
   return small_k && splits_for(vocab) <= kRowThreads;
+}
+
+SampleSettings scalar_settings(float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng) {
+  SampleSettings s;
+  s.temperature = temperature;
+  s.top_k = top_k;
+  s.top_p = top_p;
+  s.generator = rng;
+  return s;
 }
 
 // What the fast path's launches need to know about a device, found once per device and element type: the
@@ -60,19 +88,18 @@ const FastPathDevice& fast_path_device(int device) {
   return info[device];
 }
 
-template <typename T>
-const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, float temperature,
-                         int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids, const ErrorSink& errors,
-                         void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  const bool argmax = temperature == 0.f;
-  const float inv_t = argmax ? 1.f : 1.f / temperature;
-  if (!use_fast_path(vocab, temperature, top_k)) {
-    rlkernel_sample_rows<T><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        logits, row_stride, vocab, inv_t, argmax, top_k, top_p, rng, ids, errors);
+// Draw mode (kStats false: ids) or the processed log-prob forward (kStats: out), on the same kernels.
+template <typename T, bool kStats>
+const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, const SampleSettings& s,
+                         int64_t* ids, const ProcessedOut& out, const ErrorSink& errors, void* workspace,
+                         size_t workspace_bytes, cudaStream_t stream) {
+  if (!use_fast_path(vocab, s)) {
+    rlkernel_sample_rows<T, kStats><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+        logits, row_stride, vocab, s, ids, out, errors);
     return nullptr;
   }
   const int64_t splits = splits_for(vocab);
-  if (workspace_bytes < sample_workspace_bytes(rows, vocab, temperature, top_k)) return "sample workspace too small";
+  if (workspace_bytes < sample_rows_workspace_bytes(rows, vocab, s)) return "sample workspace too small";
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return cudaGetErrorString(err);
@@ -84,8 +111,7 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   const int64_t chunks = rows * splits;
   const unsigned grid = static_cast<unsigned>(chunks < dev.candidate_blocks ? chunks : dev.candidate_blocks);
   rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
-      logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), inv_t,
-      argmax ? 1 : static_cast<int>(top_k), cand, counts);
+      logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), s, cand, counts);
   // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid
   // drains and waits for its results in cudaGridDependencySynchronize, hiding the gap between the two kernels.
   cudaLaunchAttribute pdl{};
@@ -97,51 +123,123 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   cfg.stream = stream;
   cfg.attrs = &pdl;
   cfg.numAttrs = dev.major >= 9 ? 1 : 0;
-  err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T>, logits, row_stride, vocab, static_cast<int>(splits), inv_t,
-                           static_cast<const uint64_t*>(cand), static_cast<const uint32_t*>(counts), argmax, top_k,
-                           top_p, rng, ids, errors);
+  err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T, kStats>, logits, row_stride, vocab,
+                           static_cast<int>(splits), static_cast<const uint64_t*>(cand),
+                           static_cast<const uint32_t*>(counts), s, ids, out, errors);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
 }
 
+template <bool kStats>
+const char* launch_any(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
+                       const SampleSettings& s, int64_t* ids, const ProcessedOut& out, const ErrorSink& errors,
+                       void* workspace, size_t workspace_bytes, cudaStream_t st) {
+  switch (dtype) {
+    case ElemType::kFloat32:
+      return launch_typed<float, kStats>(static_cast<const float*>(logits), rows, vocab, row_stride, s, ids, out,
+                                         errors, workspace, workspace_bytes, st);
+    case ElemType::kFloat16:
+      return launch_typed<__half, kStats>(static_cast<const __half*>(logits), rows, vocab, row_stride, s, ids, out,
+                                          errors, workspace, workspace_bytes, st);
+    case ElemType::kBFloat16:
+      return launch_typed<__nv_bfloat16, kStats>(static_cast<const __nv_bfloat16*>(logits), rows, vocab,
+                                                 row_stride, s, ids, out, errors, workspace, workspace_bytes, st);
+  }
+  return "logits dtype unsupported (float16/bfloat16/float32)";
+}
+
+const char* check_sizes(int64_t rows, int64_t vocab, const SampleSettings& s) {
+  if (vocab <= 0 || vocab >= (int64_t{1} << 31)) return "vocab size must be in [1, 2^31)";
+  if (rows >= (int64_t{1} << 31) || rows * splits_for(vocab) >= (int64_t{1} << 31)) return "too many rows";
+  if (!(s.temperature >= 0.f) || s.top_k < 0 || !(s.top_p > 0.0 && s.top_p <= 1.0) ||
+      !(s.min_p >= 0.f && s.min_p <= 1.f)) {
+    return "bad sampling parameters";
+  }
+  return nullptr;
+}
+
+const char* last_error(const char* msg) {
+  if (msg != nullptr) return msg;
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
 }  // namespace
 
-size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k) {
-  if (!use_fast_path(vocab, temperature, top_k)) return 0;
+size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s) {
+  if (!use_fast_path(vocab, s)) return 0;
   const int64_t slots = rows * splits_for(vocab);
   return static_cast<size_t>(slots) * (kCandCap * sizeof(uint64_t) + sizeof(uint32_t));
+}
+
+size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k) {
+  return sample_rows_workspace_bytes(rows, vocab, scalar_settings(temperature, top_k, 1.0, PhiloxArgs{}));
+}
+
+const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
+                               const SampleSettings& settings, int64_t* ids, const ErrorSink& errors,
+                               void* workspace, size_t workspace_bytes, void* stream) {
+  if (rows <= 0) return nullptr;
+  if (const char* msg = check_sizes(rows, vocab, settings)) return msg;
+  auto range = op_range<SampleMessage>();
+  return last_error(launch_any<false>(logits, dtype, rows, vocab, row_stride, settings, ids, ProcessedOut{}, errors,
+                                      workspace, workspace_bytes, static_cast<cudaStream_t>(stream)));
 }
 
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
                           const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream) {
+  return sample_rows_launch(logits, dtype, rows, vocab, row_stride, scalar_settings(temperature, top_k, top_p, rng),
+                            ids, errors, workspace, workspace_bytes, stream);
+}
+
+const char* logp_processed_forward_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab,
+                                          int64_t row_stride, const SampleSettings& settings,
+                                          const ProcessedOut& out, const ErrorSink& errors, void* workspace,
+                                          size_t workspace_bytes, void* stream) {
+  auto range = op_range<LogpFwdMessage>();
   if (rows <= 0) return nullptr;
-  if (vocab <= 0 || vocab >= (int64_t{1} << 31)) return "vocab size must be in [1, 2^31)";
-  if (rows >= (int64_t{1} << 31) || rows * splits_for(vocab) >= (int64_t{1} << 31)) return "too many rows";
-  if (!(temperature >= 0.f) || top_k < 0 || !(top_p > 0.0 && top_p <= 1.0)) return "bad sampling parameters";
-  nvtx3::scoped_range_in<NvtxDomain> range{
-      nvtx3::event_attributes{nvtx3::registered_string_in<NvtxDomain>::get<SampleMessage>()}};
+  if (const char* msg = check_sizes(rows, vocab, settings)) return msg;
+  SampleSettings s = settings;
+  s.seeded = false;  // no noise: nothing reads it
+  s.generator = PhiloxArgs{};
+  return last_error(launch_any<true>(logits, dtype, rows, vocab, row_stride, s, nullptr, out, errors, workspace,
+                                     workspace_bytes, static_cast<cudaStream_t>(stream)));
+}
+
+const char* logp_processed_backward_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab,
+                                           int64_t row_stride, const int64_t* ids, int64_t ignore_index,
+                                           const float* stats, const int64_t* threshold, const float* grad_logp,
+                                           int64_t grad_logp_stride, const float* grad_entropy,
+                                           int64_t grad_entropy_stride, void* grad, int64_t grad_row_stride,
+                                           void* stream) {
+  auto range = op_range<LogpBwdMessage>();
+  if (rows <= 0 || vocab <= 0) return nullptr;
+  if (rows >= (int64_t{1} << 31)) return "too many rows";
   auto st = static_cast<cudaStream_t>(stream);
-  const char* msg = nullptr;
+  const auto* st4 = reinterpret_cast<const float4*>(stats);
+  const unsigned grid = static_cast<unsigned>(rows);
   switch (dtype) {
     case ElemType::kFloat32:
-      msg = launch_typed(static_cast<const float*>(logits), rows, vocab, row_stride, temperature, top_k, top_p, rng,
-                         ids, errors, workspace, workspace_bytes, st);
+      rlkernel_logp_processed_bwd<float><<<grid, kBwdThreads, 0, st>>>(
+          static_cast<const float*>(logits), row_stride, vocab, ids, ignore_index, st4, threshold, grad_logp,
+          grad_logp_stride, grad_entropy, grad_entropy_stride, static_cast<float*>(grad), grad_row_stride);
       break;
     case ElemType::kFloat16:
-      msg = launch_typed(static_cast<const __half*>(logits), rows, vocab, row_stride, temperature, top_k, top_p,
-                         rng, ids, errors, workspace, workspace_bytes, st);
+      rlkernel_logp_processed_bwd<__half><<<grid, kBwdThreads, 0, st>>>(
+          static_cast<const __half*>(logits), row_stride, vocab, ids, ignore_index, st4, threshold, grad_logp,
+          grad_logp_stride, grad_entropy, grad_entropy_stride, static_cast<__half*>(grad), grad_row_stride);
       break;
     case ElemType::kBFloat16:
-      msg = launch_typed(static_cast<const __nv_bfloat16*>(logits), rows, vocab, row_stride, temperature, top_k,
-                         top_p, rng, ids, errors, workspace, workspace_bytes, st);
+      rlkernel_logp_processed_bwd<__nv_bfloat16><<<grid, kBwdThreads, 0, st>>>(
+          static_cast<const __nv_bfloat16*>(logits), row_stride, vocab, ids, ignore_index, st4, threshold,
+          grad_logp, grad_logp_stride, grad_entropy, grad_entropy_stride, static_cast<__nv_bfloat16*>(grad),
+          grad_row_stride);
       break;
     default:
       return "logits dtype unsupported (float16/bfloat16/float32)";
   }
-  if (msg != nullptr) return msg;
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+  return last_error(nullptr);
 }
 
 }  // namespace rlkernel

@@ -20,11 +20,12 @@ import torch
 
 from rlkernel import envflags
 from rlkernel.traced import constant_when_traced
-from rlkernel.validate import bad_id_error, no_distribution_error, position_in
+from rlkernel.validate import ARGUMENTS, bad_arg_error, bad_id_error, no_distribution_error, position_in
 
 EMPTY = (1 << 63) - 1
 ERR_LOGP_BAD_ID = 1  # kErrOpLogpBadId (csrc/include/rlkernel/error_record.h)
 ERR_SAMPLE_NO_DIST = 2  # kErrOpSampleNoDist
+ERR_BAD_ARG = 3  # kErrOpBadArg: a per-row setting out of range; value = its code (validate.ARGUMENTS)
 COMPILED_SEQ = 0  # calls traced by torch.compile: one number for all (a changing one would recompile every call)
 RING = 4096  # recent calls whose shape the host remembers
 _SEQ_LIMIT = 1 << 31  # the kernels keep 31 bits of the sequence number (key = seq << 32 | position)
@@ -154,12 +155,20 @@ def describe(key: int, op_code: int, value: int) -> Exception:
         which += ", flat position"
     if op_code == ERR_SAMPLE_NO_DIST:  # rows are counted flat, as the CPU path names them
         return no_distribution_error(flat, f" [{which}]")
+    if op_code == ERR_BAD_ARG:
+        if call is None or call[0] != seq:
+            op = "sample or logp.forward"
+        argument = ARGUMENTS[value] if 0 <= value < len(ARGUMENTS) else f"argument #{value}"
+        if argument not in ARGUMENTS:
+            return ValueError(f"{op}: {argument} of row {flat} is out of range [{which}]")
+        return bad_arg_error(op, argument, flat, note=f" [{which}]")
     return bad_id_error(where, value, vocab, op, f" [{which}]")
 
 
 def check_errors(device=None) -> None:
     """Synchronise ``device`` (default: the current CUDA device), read its error record, clear it, and raise the
-    first error it holds: ``IndexError`` (a bad token id) or ``ValueError`` (a row without a distribution).
+    first error it holds: ``IndexError`` (a bad token id) or ``ValueError`` (a row without a distribution, or a
+    per-row setting out of range).
     A no-op on CPU (the CPU path raises at once) and where CUDA is absent."""
     if device is None:
         if not torch.cuda.is_available():

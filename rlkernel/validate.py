@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import NamedTuple
 
 import torch
 
@@ -30,6 +31,21 @@ def bad_id_error(where, value: int, vocab_size: int | None, op: str = "logp.forw
     index tuple, or a flat position), the id and V. The CPU check and the device error record both raise it."""
     size = f", vocab size {vocab_size}" if vocab_size is not None else ""
     return IndexError(f"{op}: token id out of range at position {where} (id {value}{size}){note}")
+
+
+# The per-row settings, in the order of their code in the device error record (entry kind ERR_BAD_ARG: the entry's
+# value is the index here). Seed and offset take any int64, so their codes are reserved, never reported today.
+ARGUMENTS = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
+_RULES = {"temperature": "a finite number >= 0 whose log2(e) / temperature is a finite float32",
+          "top_k": "an integer >= 0", "top_p": "in (0, 1]", "min_p": "in [0, 1]", "seed": "an int64",
+          "offset": "an int64"}
+
+
+def bad_arg_error(op: str, argument: str, row: int, value=None, note: str = "") -> ValueError:
+    """The ValueError for a per-row setting out of range: the op, the argument, the row (counted flat) and the rule.
+    The CPU check and the device error record (kind ERR_BAD_ARG, no value then) both raise it."""
+    got = f" ({value})" if value is not None else ""
+    return ValueError(f"{op}: {argument} of row {row} is out of range{got}: must be {_RULES[argument]}{note}")
 
 
 def no_distribution_error(row: int, note: str = "") -> ValueError:
@@ -72,14 +88,124 @@ def check_temperature(temperature, allow_zero: bool) -> float:
     t = _real("temperature", temperature)
     low_ok = t >= 0.0 if allow_zero else t > 0.0
     if not (low_ok and t < math.inf):  # also rejects NaN
-        bound = ">= 0 for sample" if allow_zero else "> 0 for logp"
+        bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"temperature must be a finite number {bound}, got {temperature}")
     if t > 0.0 and _LOG2E / t > _F32_MAX:
         raise ValueError(f"temperature {temperature} is too small: 1/temperature overflows float32")
     return t
 
 
-def check_logp_args(logits, token_ids, temperature, ignore_index) -> None:
+class RowSettings(NamedTuple):
+    """The filters of one call, each a Python number or a contiguous tensor of shape [N] (N = rows) on the logits'
+    device: temperature, top_p, min_p float32, top_k int64. Made by ``check_logp_args`` / ``check_sample_args``."""
+    temperature: float | torch.Tensor
+    top_k: int | torch.Tensor
+    top_p: float | torch.Tensor
+    min_p: float | torch.Tensor
+
+    def per_row(self) -> bool:
+        return any(isinstance(v, torch.Tensor) for v in self)
+
+    def filtered(self, vocab: int) -> bool:
+        """Whether the distribution is anything but softmax(logits / T) with one T > 0: the processed log-probs of
+        rlkernel.logp (and the filtered law of sample) differ from the plain ones only then."""
+        if self.per_row():
+            return True
+        return self.temperature == 0 or 0 < self.top_k < vocab or self.top_p < 1.0 or self.min_p > 0.0
+
+
+_FLOAT_SETTINGS = ("temperature", "top_p", "min_p")
+
+
+def _row_tensor(name: str, value: torch.Tensor, logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` (0-dim, or shaped ``logits.shape[:-1]``) as a contiguous ``dtype`` tensor of shape [N] on the
+    logits' device; metadata only, no value is read."""
+    lead = logits.shape[:-1]
+    if value.dtype == torch.bool or value.is_complex():
+        raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
+    if dtype == torch.int64 and value.is_floating_point():
+        raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if value.device != logits.device:
+        raise ValueError(f"{name} on {value.device} but logits on {logits.device}: must be on one device")
+    if value.dim() != 0 and value.shape != lead:
+        raise ValueError(f"{name} must be a number, a 0-dim tensor or a tensor of shape {tuple(lead)} (one value per "
+                         f"row, logits.shape[:-1]), got shape {tuple(value.shape)}")
+    n = lead.numel()
+    flat = value.expand(n) if value.dim() == 0 else value.reshape(n)
+    return flat.to(dtype).contiguous()
+
+
+def row_faults(settings: RowSettings) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(bad [N] bool, argument code [N] int64: the first bad setting of each row) over the tensor settings, by tensor
+    ops on their device (no host sync); None when every setting is a (checked) Python number."""
+    bad = code = None
+    for index, name in enumerate(("temperature", "top_k", "top_p", "min_p")):
+        v = getattr(settings, name)
+        if not isinstance(v, torch.Tensor):
+            continue
+        if name == "temperature":
+            t = v.double()
+            ok = (t >= 0) & (t < math.inf) & ((t == 0) | (_LOG2E / t <= _F32_MAX))
+        elif name == "top_k":
+            ok = v >= 0
+        elif name == "top_p":
+            ok = (v > 0) & (v <= 1)
+        else:
+            ok = (v >= 0) & (v <= 1)
+        this = ~ok  # NaN fails every comparison: bad
+        if bad is None:
+            bad, code = this, torch.where(this, index, -1)
+        else:
+            code = torch.where(~bad & this, index, code)
+            bad = bad | this
+    if bad is None:
+        return None
+    return bad, code.to(torch.int64)
+
+
+def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor) -> None:
+    """CPU tensors: values are checked at once (no sync to fear), naming the first bad row's argument."""
+    if logits.device.type != "cpu" or torch.compiler.is_compiling() or not settings.per_row():
+        return
+    faults = row_faults(settings)
+    if faults is not None and bool(faults[0].any()):
+        row = int(faults[0].nonzero()[0])
+        name = ARGUMENTS[int(faults[1][row])]
+        raise bad_arg_error(op, name, row, getattr(settings, name)[row].item())
+
+
+def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
+    """Each setting checked (numbers at once: ValueError/TypeError naming it) and normalised (see RowSettings)."""
+    vocab = logits.shape[-1]
+    if isinstance(temperature, torch.Tensor):
+        temperature = _row_tensor("temperature", temperature, logits, torch.float32)
+    else:
+        temperature = check_temperature(temperature, allow_zero=True)
+    if isinstance(top_k, torch.Tensor):
+        top_k = _row_tensor("top_k", top_k, logits, torch.int64)
+    else:
+        if isinstance(top_k, bool) or not isinstance(top_k, numbers.Real) or not math.isfinite(top_k) \
+                or int(top_k) != top_k or top_k < 0:
+            raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}")
+        top_k = min(int(top_k), vocab)  # k >= V keeps every token, as 0 does
+    if isinstance(top_p, torch.Tensor):
+        top_p = _row_tensor("top_p", top_p, logits, torch.float32)
+    elif not (0.0 < _real("top_p", top_p) <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    else:
+        top_p = float(top_p)
+    if isinstance(min_p, torch.Tensor):
+        min_p = _row_tensor("min_p", min_p, logits, torch.float32)
+    elif not (0.0 <= _real("min_p", min_p) <= 1.0):
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    else:
+        min_p = float(min_p)
+    return RowSettings(temperature, top_k, top_p, min_p)
+
+
+def check_logp_args(logits, token_ids, temperature, ignore_index, top_k=0, top_p=1.0, min_p=0.0) -> RowSettings:
+    """Checks rlkernel.logp's arguments; returns the normalised filters (temperature 0 is allowed: the greedy
+    distribution, a processed log-prob)."""
     check_logits(logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
@@ -92,30 +218,53 @@ def check_logp_args(logits, token_ids, temperature, ignore_index) -> None:
         )
     if logits.device != token_ids.device:
         raise ValueError(f"logits on {logits.device} and token_ids on {token_ids.device}: must be on one device")
-    check_temperature(temperature, allow_zero=False)
+    settings = _settings(logits, temperature, top_k, top_p, min_p)
     ignore_index = _int64("ignore_index", ignore_index)
     # A CPU check costs no sync: raise before any work, as the contract says. Not while torch.compile traces: a
     # compiled graph cannot raise on values (the bad rows are NaN).
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+        _raise_cpu_faults("logp.forward", settings, logits)
         ids = token_ids.reshape(-1).long()
         bad = (ids != ignore_index) & ((ids < 0) | (ids >= logits.shape[-1]))
         if bool(bad.any()):
             first = int(bad.nonzero()[0])
             raise bad_id_error(position_in(first, token_ids.shape), int(ids[first]), logits.shape[-1])
+    return settings
 
 
-def check_sample_args(logits, temperature, top_k, top_p, generator) -> None:
+def _seed_like(name: str, value, logits):
+    if value is None or not isinstance(value, torch.Tensor):
+        return value if value is None else _int64(name, value)
+    return _row_tensor(name, value, logits, torch.int64)
+
+
+def check_return_logprobs(value):
+    """False, True or "processed" (anything else that is a string: ValueError)."""
+    if isinstance(value, str):
+        if value != "processed":
+            raise ValueError(f'return_logprobs must be False, True or "processed", got {value!r}')
+        return value
+    return bool(value)
+
+
+def check_sample_args(logits, temperature, top_k, top_p, generator, min_p=0.0, seed=None, offset=0):
+    """Checks rlkernel.sample's arguments; returns (RowSettings, seed, offset): seed None, an int or an int64 [N]
+    tensor, offset an int or an int64 [N] tensor."""
     check_logits(logits)
-    check_temperature(temperature, allow_zero=True)
-    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Real) or not math.isfinite(top_k) \
-            or int(top_k) != top_k or top_k < 0:
-        raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}")
-    if not (0.0 < _real("top_p", top_p) <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    settings = _settings(logits, temperature, top_k, top_p, min_p)
     if logits.shape[-1] == 0 and logits.shape[:-1].numel() > 0:
         raise ValueError("sample: a vocabulary of size 0 has no distribution")
     if generator is not None:
         if not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if seed is not None:
+            raise ValueError("generator and seed are exclusive: pass one (seed makes each row's draw a function of "
+                             "its seed and offset alone)")
         if generator.device.type != logits.device.type:
             raise ValueError(f"generator on {generator.device} but logits on {logits.device}")
+    seed = _seed_like("seed", seed, logits)
+    offset = _seed_like("offset", offset, logits)
+    if seed is None and (isinstance(offset, torch.Tensor) or offset != 0):
+        raise ValueError("offset needs seed: it is the counter of the per-row seeded generator")
+    _raise_cpu_faults("sample", settings, logits)
+    return settings, seed, offset

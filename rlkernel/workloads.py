@@ -6,6 +6,7 @@ and a trace of the same workload measure the same thing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ class Shape:
     top_k: int = 50
     top_p: float = 0.9
     temperature: float = 1.0
+    min_p: float = 0.0
+    per_row: bool = False  # sampling: the settings as per-row tensors, with per-row seeds (the same values per row)
 
     @property
     def rows(self) -> int:
@@ -32,7 +35,8 @@ class Shape:
 
     def as_dict(self) -> dict:
         return {"batch_size": self.batch_size, "seq_len": self.seq_len, "vocab_size": self.vocab_size,
-                "top_k": self.top_k, "top_p": self.top_p, "temperature": self.temperature}
+                "top_k": self.top_k, "top_p": self.top_p, "temperature": self.temperature, "min_p": self.min_p,
+                "per_row": self.per_row}
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class Workload:
         """Sampling draws one token per row: seq_len is 1 whatever was asked."""
         if self.uses_seq_len:
             return shape
-        return Shape(shape.batch_size, 1, shape.vocab_size, shape.top_k, shape.top_p, shape.temperature)
+        return dataclasses.replace(shape, seq_len=1)
 
     def make_inputs(self, shape: Shape, dtype: torch.dtype, device, seed: int) -> dict:
         return self.build(self.effective_shape(shape), dtype, torch.device(device), seed)
@@ -159,8 +163,37 @@ def _logp_inputs(shape, dtype, device, seed, *, backward=False):
 
 
 def _sample_inputs(shape, dtype, device, seed):
-    return {"logits": _logits(shape, dtype, device, seed), "temperature": shape.temperature, "top_k": shape.top_k,
-            "top_p": shape.top_p, "generator": _generator(device, seed + 2)}
+    inputs = {"logits": _logits(shape, dtype, device, seed), "temperature": shape.temperature, "top_k": shape.top_k,
+              "top_p": shape.top_p, "min_p": shape.min_p, "generator": _generator(device, seed + 2), "seed": None,
+              "offset": 0}
+    if shape.per_row:  # the same values, as per-row tensors, each row with its own seed (a rollout engine's call)
+        n = shape.rows
+        inputs.update(temperature=torch.full((n,), shape.temperature, device=device),
+                      top_k=torch.full((n,), shape.top_k, dtype=torch.int64, device=device),
+                      top_p=torch.full((n,), shape.top_p, device=device),
+                      min_p=torch.full((n,), shape.min_p, device=device), generator=None,
+                      seed=torch.arange(n, dtype=torch.int64, device=device) * 1_000_003 + seed,
+                      offset=torch.zeros(n, dtype=torch.int64, device=device))
+    return inputs
+
+
+# the mixed workload's per-row settings, cycled over the rows: the issue-20 grid (T, k, top_p, min_p; k = -1: V)
+_MIXED = [(t, k, p, m) for t in (0.0, 0.7, 1.0) for k in (0, 1, 50, -1) for p in (0.3, 0.9, 1.0)
+          for m in (0.0, 0.05, 0.3)]
+
+
+def _mixed_inputs(shape, dtype, device, seed):
+    """Rows with mixed per-row settings (the shape's filters are not used) and per-row seeds and offsets."""
+    n, v = shape.rows, shape.vocab_size
+    cfg = [_MIXED[r % len(_MIXED)] for r in range(n)]
+    t, k, p, m = (list(c) for c in zip(*cfg, strict=True)) if n else ([], [], [], [])
+    k = [v if kk < 0 else kk for kk in k]
+    f32 = dict(dtype=torch.float32, device=device)
+    return {"logits": _logits(shape, dtype, device, seed), "temperature": torch.tensor(t, **f32),
+            "top_k": torch.tensor(k, dtype=torch.int64, device=device), "top_p": torch.tensor(p, **f32),
+            "min_p": torch.tensor(m, **f32), "generator": None,
+            "seed": torch.arange(n, dtype=torch.int64, device=device) * 7919 + seed,
+            "offset": torch.arange(n, dtype=torch.int64, device=device) % 97}
 
 
 # ---- steps --------------------------------------------------------------------------------------------
@@ -191,7 +224,8 @@ def _sample_step(backend):
         from rlkernel import sample
 
         return sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
-                      generator=inp["generator"], backend=backend)
+                      min_p=inp["min_p"], generator=inp["generator"], seed=inp["seed"], offset=inp["offset"],
+                      backend=backend)
     return step
 
 
@@ -219,22 +253,23 @@ def _compare_logp_bwd(inp) -> str | None:
 def _compare_sample(inp) -> str | None:
     """The fused sampler need not draw the same ids as native; each drawn id must be in the kept set."""
     from rlkernel import sample
-    from rlkernel.ops.sampling_native import filtered_probs
+    from rlkernel.ops.filters_native import Filtered
 
     ids = sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
-                 generator=inp["generator"], backend="auto")
-    if inp["temperature"] == 0:  # greedy: exactly the first maximal id of each row
+                 min_p=inp["min_p"], generator=inp["generator"], seed=inp["seed"], offset=inp["offset"],
+                 backend="auto")
+    if not isinstance(inp["temperature"], torch.Tensor) and inp["temperature"] == 0:  # greedy: the first maximal id
         want = torch.argmax(inp["logits"], dim=-1)
         if not torch.equal(ids, want):
             row = int((ids != want).nonzero()[0])
             return f"sample: row {row} drew id {int(ids[row])} at temperature 0, argmax is {int(want[row])}"
         return None
-    probs, order = filtered_probs(inp["logits"], inp["temperature"], inp["top_k"], inp["top_p"])
-    kept = torch.zeros(inp["logits"].shape, dtype=torch.bool, device=ids.device).scatter_(-1, order, probs > 0)
-    outside = ~kept.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    rows = inp["logits"].reshape(-1, inp["logits"].shape[-1])
+    kept = Filtered(rows, inp["temperature"], inp["top_k"], inp["top_p"], inp["min_p"]).kept
+    outside = ~kept.gather(-1, ids.reshape(-1, 1)).view(ids.shape)
     if bool(outside.any()):
         row = int(outside.nonzero()[0])
-        return f"sample: row {row} drew id {int(ids[row])}, outside the top-k/top-p set"
+        return f"sample: row {row} drew id {int(ids[row])}, outside the top-k/top-p/min-p set"
     return None
 
 
@@ -301,6 +336,13 @@ def _register_defaults() -> None:
             fused_ops=("sample",) if fused else (),
             description=f"top-k/top-p/temperature sampling, one token per row, {path} path",
             build=_sample_inputs, step=_sample_step(backend), count_bytes=_sample_bytes, count_flops=_sample_flops,
+            compare=_compare_sample if fused else None, uses_seq_len=False))
+        register(Workload(
+            name=f"sampling-mixed-{path}", op="sample", path=path, backend=backend,
+            fused_ops=("sample",) if fused else (),
+            description=f"sampling with mixed per-row settings (T, top_k, top_p, min_p cycled over the issue-20 grid) "
+                        f"and per-row seeds in one call, {path} path",
+            build=_mixed_inputs, step=_sample_step(backend), count_bytes=_sample_bytes, count_flops=_sample_flops,
             compare=_compare_sample if fused else None, uses_seq_len=False))
 
 

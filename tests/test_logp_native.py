@@ -111,9 +111,13 @@ def test_bad_input_errors():
         rlkernel.logp(torch.ones(2, 5, dtype=torch.long), ids[:, 0])
     with pytest.raises(ValueError, match=r"\(2, 4\).*\(2, 3\)"):
         rlkernel.logp(logits, torch.zeros(2, 4, dtype=torch.long))
-    for bad_t in (0, -1.0, float("inf"), float("nan")):
+    for bad_t in (-1.0, float("inf"), float("nan"), 1e-45):
         with pytest.raises(ValueError, match="temperature"):
             rlkernel.logp(logits, ids, temperature=bad_t)
+    # T = 0 is the greedy distribution (a processed log-prob): 0 for the argmax, -inf for any other id
+    greedy = rlkernel.logp(logits, logits.argmax(-1), temperature=0)
+    assert torch.equal(greedy, torch.zeros(2, 3))
+    assert torch.all(rlkernel.logp(logits, (logits.argmax(-1) + 1) % 5, temperature=0) == float("-inf"))
     with pytest.raises(TypeError, match="integer"):
         rlkernel.logp(logits, ids.float())
     ids[1, 2] = 5

@@ -163,3 +163,10 @@ try:  # register as soon as the extension is there, so torch.compile and opcheck
     ensure_registered()
 except _ext.ExtensionNotBuilt:
     pass
+
+
+def logp_processed_fused(logits, token_ids, **kwargs):
+    """rlkernel.ops.logp_processed_fused.logp_processed_fused (imported on first use: that module imports this one)."""
+    from rlkernel.ops.logp_processed_fused import logp_processed_fused as processed
+
+    return processed(logits, token_ids, **kwargs)

@@ -1,15 +1,21 @@
 """The fused CUDA backend of rlkernel.sample: the fake kernel and the call the dispatcher makes.
 
 The op (schema and CUDA impl in csrc/sampling_op.cpp, kernels in csrc/include/rlkernel/sampling_kernels.cuh):
-``torch.ops.rlkernel.sample(logits[N, V], temperature, top_k, top_p, generator=None, error_record=0, error_seq=0)
--> ids[N] int64``. A row without a distribution (a NaN, no logit above -inf, or at T > 0 a +inf logit) gets id -1
-and is reported to the device error record at ``error_record`` under call ``error_seq`` (rlkernel.errors).
+``torch.ops.rlkernel.sample(logits[N, V], temperature, top_k, top_p, generator=None, error_record=0, error_seq=0,
+min_p=0.0, temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None, seeded=False, seed=0,
+seed_rows=None, offset=0, offset_rows=None) -> ids[N] int64``. A ``*_rows`` tensor ([N], float32; top_k, seeds and
+offsets int64) replaces its scalar: its values are read by the kernels only (the launch is chosen without them). A
+row without a distribution (a NaN, no logit above -inf, or at T > 0 a +inf logit) gets id -1 and is reported to the
+device error record at ``error_record`` under call ``error_seq`` (rlkernel.errors); a row whose per-row setting is
+out of range gets id -1 and an ``ERR_BAD_ARG`` entry naming the argument.
 
-The draw is a Gumbel race over the kept set with Philox noise keyed by (generator seed, offset, row, token id):
-the same distribution as the native path, not the same ids for a seed. The log-probs of ``return_logprobs``
-come from the fused logp forward (``logp_fused``) on the drawn ids, so they are the training path's numbers bit for
-bit; that kernel opens its own ``op.logp.forward`` range (after ``op.sample``) but leaves no dispatch record: the
-log-probs are part of the sample call.
+The draw is a Gumbel race over the kept set with Philox noise keyed by (generator seed, offset, row, token id), or,
+with ``seeded``, by (the row's seed, the row's offset, token id) only: then a row's id does not depend on the batch
+it is in. The same distribution as the native path, not the same ids for a seed. The log-probs of
+``return_logprobs`` come from the fused logp forward on the drawn ids (``logp_fused``, or for "processed"
+``logp_processed_fused`` with the same settings), so they are the training path's numbers bit for bit; those
+kernels open their own ``op.logp.forward`` range (after ``op.sample``) but leave no dispatch record: the log-probs
+are part of the sample call.
 """
 from __future__ import annotations
 
@@ -22,7 +28,9 @@ _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
 
 
-def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0):
+def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0, min_p=0.0,
+                 temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None, seeded=False, seed=0,
+                 seed_rows=None, offset=0, offset_rows=None):
     return torch.empty((logits.shape[0],), dtype=torch.int64, device=logits.device)
 
 
@@ -38,25 +46,69 @@ def ensure_registered() -> None:
     _registered = True
 
 
-def sample_fused(logits: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
-                 generator: torch.Generator | None, return_logprobs: bool):
-    """Fused draw for validated CUDA logits; returns (ids int64 of shape logits.shape[:-1], float32 log-probs
-    under softmax(logits / T) (T = 1 when T = 0), or None). No host sync."""
+def split_setting(value, default, dtype):
+    """(scalar for the op, per-row tensor or None) of one setting: a tensor goes per row ([N], contiguous, dtype)
+    and its scalar slot gets the (valid) default; a number goes as the scalar."""
+    if isinstance(value, torch.Tensor):
+        rows = value.reshape(-1)
+        if rows.dtype != dtype:
+            rows = rows.to(dtype)
+        return default, rows.contiguous()
+    return value, None
+
+
+def _int64(value: int) -> int:
+    """A Python int as the int64 the op carries (seeds are 64 random bits: 2^63 .. 2^64 - 1 wrap to negatives)."""
+    value = int(value) & 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, generator=None, seed=None, offset=0,
+                 return_logprobs=False):
+    """Fused draw for validated CUDA logits; returns (ids int64 of shape logits.shape[:-1], float32 log-probs or
+    None). Each setting is a Python number or a CUDA tensor with one value per row; ``seed`` (an int or int64 per
+    row) with ``offset`` replaces ``generator``. ``return_logprobs``: False, True (raw: under softmax(logits / T),
+    T = 1 when T = 0) or "processed" (under the filtered law, bitwise ``logp_processed_fused``). No host sync."""
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
     rows = as_rows(logits)
+    t, t_rows = split_setting(temperature, 1.0, torch.float32)
+    k, k_rows = split_setting(top_k, 0, torch.int64)
+    p, p_rows = split_setting(top_p, 1.0, torch.float32)
+    mp, mp_rows = split_setting(min_p, 0.0, torch.float32)
+    seeded = seed is not None
+    s, s_rows = split_setting(seed, 0, torch.int64) if seeded else (0, None)
+    o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
-    ids = _SAMPLE(rows, temperature, top_k, top_p, generator, address, seq).view(lead)
+    ids = _SAMPLE(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
+                  k_rows, p_rows, mp_rows, seeded, _int64(s), s_rows, _int64(o), o_rows).view(lead)
     lp = None
-    if return_logprobs:
+    report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
+    if return_logprobs == "processed":
+        from rlkernel.ops.logp_processed_fused import logp_processed_fused
+
+        # the processed forward itself (the sampler's own filter code: the same kept set), under this call's number
+        with torch.no_grad():
+            lp, _ = logp_processed_fused(logits, ids, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                         ignore_index=-100, return_entropy=False, report_as=report_as)
+    elif return_logprobs:
         # the fused logp forward itself (same kernels, same bits as rlkernel.logp), without a dispatch record of its
         # own: the log-probs are part of this sample call, and so are their errors (a row without a distribution
         # has id -1 here, reported under the sample call's number, where the sampler already put the same entry)
         with torch.no_grad():
-            lp, _ = logp_fused(logits, ids, temperature=temperature if temperature > 0 else 1.0, ignore_index=-100,
-                               return_entropy=False, inplace_backward=False,
-                               report_as=(address, seq, errors.ERR_SAMPLE_NO_DIST))
+            if isinstance(temperature, torch.Tensor):
+                # per-row T: rlkernel.logp takes the processed kernel for any tensor setting; with no filter its law
+                # is the raw one, under each row's own T (T = 1 where T = 0, as for a number)
+                from rlkernel.ops.logp_processed_fused import logp_processed_fused
+
+                t_raw = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+                lp, _ = logp_processed_fused(logits, ids, temperature=t_raw, top_k=0, top_p=1.0, min_p=0.0,
+                                             ignore_index=-100, return_entropy=False, report_as=report_as)
+            else:
+                lp, _ = logp_fused(logits, ids, temperature=temperature if temperature > 0 else 1.0,
+                                   ignore_index=-100, return_entropy=False, inplace_backward=False,
+                                   report_as=report_as)
     errors.after_call(logits.device, sync)
     return ids, lp
 

@@ -50,12 +50,11 @@ PLACES = [
     ("  if (begin >= end) return;\n", "  RLK_TL_CAND_START\n", False),
     ("    const int row = cur.row;\n    cur.next(splits);\n", "    RLK_TL_CAND_CHUNK(it)\n", True),
     ("  __shared__ SelectSmem sm;\n", "  RLK_TL_SEL(0)\n", False),
-    ("  const int64_t row = blockIdx.x;\n  const FilterArgs args{vocab, row, argmax, argmax ? 1 : top_k",
-     "  RLK_TL_SEL(1)\n", True),
+    ("  cudaGridDependencySynchronize();\n#endif\n", "  RLK_TL_SEL(1)\n", False),
     ("  const uint32_t before = block_exclusive_scan<kRowThreads>(c, sm.scan, &total);\n", "  RLK_TL_SEL(2)\n", False),
     ("  const int m = top_by_threshold(sm,", "  RLK_TL_SEL(3)\n", True),
     ("  if (m > 0) {\n", "    RLK_TL_SEL(4)\n", False),
-    ("    finish_sorted(sm.sorted, m, args, sm.finish);\n", "    RLK_TL_SEL(5)\n", False),
+    ("    const KeptStats k = finish_sorted<kStats>(sm.sorted, m, args, sm.finish);\n", "    RLK_TL_SEL(5)\n", False),
 ]
 
 

@@ -4,7 +4,7 @@
 // The record is 4 int64 in device memory, allocated and read by rlkernel/errors.py (one per device, shared by
 // every thread and stream of the process): {key, op, value, lock}. key = (call sequence number << 32) | flat
 // position, kErrorRecordEmpty when clear; the lowest key wins, so the record holds the first error of the earliest
-// call. op says what kind of error (kErrOp*), value the offending token id (bad ids). lock is 0 between writers.
+// call. op says what kind of error (kErrOp*), value the offending token id (bad ids) or argument code (bad arguments). lock is 0 between writers.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,9 @@ constexpr int64_t kErrorRecordEmpty = INT64_MAX;
 // The op codes of rlkernel/errors.py (ERR_*): which check the position failed.
 constexpr int kErrOpLogpBadId = 1;       // logp: a token id outside [0, V) that is not ignore_index
 constexpr int kErrOpSampleNoDist = 2;    // sample: a row without a distribution
+// sample / processed logp: a per-row setting out of range, checked on the device (value: the argument's code,
+// kArg* in sampling_api.cuh; position: the row). Kernels write it through a copy of their sink with this op.
+constexpr int kErrOpBadArg = 3;
 
 // Where one call reports: record == nullptr reports nothing (RLKERNEL_VALIDATE=0).
 struct ErrorSink {

@@ -24,8 +24,47 @@ struct PhiloxArgs {
 // carry its offset, so calls never share random numbers.
 constexpr uint64_t kSampleOffsetIncrement = 4;
 
-// Bytes of device workspace sample_launch needs for these arguments (the fast path's candidates; 0 if none).
+// The settings of one call, each a value for every row or (pointer non-null) one value per row in device memory
+// (read by the kernels, never by the host). A per-row value out of range is checked on the device: the row's id is
+// -1 (log-prob NaN) and the error record gets kind kErrOpBadArg with the argument's code (kArg*) and the row.
+struct SampleSettings {
+  float temperature = 1.f;               // 0 = argmax
+  int64_t top_k = 0;                     // 0 or >= vocab = all
+  double top_p = 1.0;                    // 1 = all
+  float min_p = 0.f;                     // 0 = all
+  const float* temperature_rows = nullptr;
+  const int64_t* top_k_rows = nullptr;
+  const float* top_p_rows = nullptr;
+  const float* min_p_rows = nullptr;
+  // the noise: a generator's Philox state (counter word 1 = the row), or (seeded) each row's own seed and offset
+  // with counter word 1 = 0, so a row's draw does not depend on the batch around it
+  PhiloxArgs generator;
+  bool seeded = false;
+  int64_t seed = 0, offset = 0;
+  const int64_t* seed_rows = nullptr;
+  const int64_t* offset_rows = nullptr;
+};
+
+// Argument codes of kErrOpBadArg entries (rlkernel/errors.py names them).
+constexpr int kArgTemperature = 0, kArgTopK = 1, kArgTopP = 2, kArgMinP = 3;
+
+// Where the processed log-prob forward writes (instead of drawing): per row, for the id ids[row], its log-prob under
+// the filtered, renormalised law (-inf outside the kept set), the entropy of that law (optional), the row's stats
+// (s_max, log S, H, 1/T; 1/T = 0 for an argmax row) and the kept set's threshold: token j is kept iff
+// (key(s_j) << 32 | (2^32 - 1 - j)) >= threshold, as unsigned 64-bit (stored as int64 bits).
+struct ProcessedOut {
+  const int64_t* ids = nullptr;
+  int64_t ignore_index = -100;
+  float* logp = nullptr;
+  float* entropy = nullptr;  // nullptr: none
+  float* stats = nullptr;    // [rows, 4]
+  int64_t* threshold = nullptr;
+};
+
+// Bytes of device workspace the launches below need (the fast path's candidates; 0 if none). Depends on the
+// scalar settings and on which are per row, never on per-row values.
 size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k);
+size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s);
 
 // Draw one id per row into ids[rows] (int64). logits: rows x vocab, row i at logits + i * row_stride
 // elements, unit stride inside a row. temperature 0 = argmax. top_k 0 = all, top_p 1 = all.
@@ -36,5 +75,29 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
                           const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream);
+
+// The same with per-row settings, min_p and seeds (SampleSettings).
+const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
+                               const SampleSettings& settings, int64_t* ids, const ErrorSink& errors,
+                               void* workspace, size_t workspace_bytes, void* stream);
+
+// The processed log-prob forward: the sampler's own filter code finds each row's kept set (so the sampler and this
+// agree bit for bit), then writes ProcessedOut. Bad ids (outside [0, vocab), not ignore_index) give NaN and go to
+// `errors` (its op); bad per-row settings give NaN and a kErrOpBadArg entry. Inside the NVTX range
+// rlkernel:op.logp.forward. The noise fields of `settings` are ignored.
+const char* logp_processed_forward_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab,
+                                          int64_t row_stride, const SampleSettings& settings,
+                                          const ProcessedOut& out, const ErrorSink& errors, void* workspace,
+                                          size_t workspace_bytes, void* stream);
+
+// Its backward: grad[rows, vocab] (dtype of the logits, row stride grad_row_stride) = on the kept set
+// (1/T) (g_l (onehot - q) - g_H q (log q + H)), 0 elsewhere; no g_l term on a row whose id is not kept; 0 on
+// ignored and argmax rows, NaN on rows the forward marked bad. Inside rlkernel:op.logp.backward.
+const char* logp_processed_backward_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab,
+                                           int64_t row_stride, const int64_t* ids, int64_t ignore_index,
+                                           const float* stats, const int64_t* threshold, const float* grad_logp,
+                                           int64_t grad_logp_stride, const float* grad_entropy,
+                                           int64_t grad_entropy_stride, void* grad, int64_t grad_row_stride,
+                                           void* stream);
 
 }  // namespace rlkernel

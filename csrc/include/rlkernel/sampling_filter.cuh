@@ -1,5 +1,6 @@
 // The exact law, on one row, by one block: p = softmax(s), s = logits / T; keep the top_k (ties: lower id);
-// keep the smallest prefix, in that order, whose mass reaches top_p; draw from the kept set by a Gumbel race.
+// keep the smallest prefix, in that order, whose mass reaches top_p; keep of those the tokens with
+// s >= s_max + ln(min_p); draw from the kept set by a Gumbel race (or, for the processed log-probs, sum its mass).
 // Written over an element source (the whole row from global memory); the fast path's finish_sorted
 // (sampling_kernels.cuh) is the same law on sorted candidates.
 #pragma once
@@ -39,19 +40,99 @@ __device__ __forceinline__ uint64_t block_reduce_u64(uint64_t v, bool is_max, ui
   return r;
 }
 
+// One row's settings, read from SampleSettings (its per-row values where given). bad: the code of the first
+// argument out of range (kArg*), -1 when none. argmax rows: inv_t 1, top_k 1, no noise.
+struct RowSettings {
+  bool argmax;
+  float inv_t;
+  int64_t top_k;     // 0: all (also for top_k >= vocab)
+  double top_p;
+  float log_min_p;   // ln(min_p), -inf for min_p = 0: a token is kept iff s >= s_max + log_min_p
+  int bad;
+};
+
+__device__ __forceinline__ RowSettings row_settings(const SampleSettings& s, int64_t row, int64_t vocab) {
+  const float t = s.temperature_rows ? s.temperature_rows[row] : s.temperature;
+  const int64_t k = s.top_k_rows ? s.top_k_rows[row] : s.top_k;
+  const double p = s.top_p_rows ? static_cast<double>(s.top_p_rows[row]) : s.top_p;
+  const float mp = s.min_p_rows ? s.min_p_rows[row] : s.min_p;
+  RowSettings r;
+  r.bad = !(t >= 0.f && t <= 3.402823466e38f) ? kArgTemperature
+          : k < 0                              ? kArgTopK
+          : !(p > 0.0 && p <= 1.0)             ? kArgTopP
+          : !(mp >= 0.f && mp <= 1.f)          ? kArgMinP
+                                               : -1;
+  r.argmax = t == 0.f;
+  r.inv_t = r.argmax ? 1.f : 1.f / t;
+  r.top_k = r.argmax ? 1 : (k >= vocab ? 0 : k);
+  r.top_p = r.argmax ? 1.0 : p;
+  r.log_min_p = mp > 0.f ? logf(mp) : -INFINITY;
+  return r;
+}
+
+// The noise of one row: the generator's (counter word 1 = the row) or the row's own seed and offset (word 1 = 0).
+struct RowNoise {
+  RngSeedOffset rng;
+  uint32_t word;
+};
+
+__device__ __forceinline__ RowNoise row_noise(const SampleSettings& s, int64_t row) {
+  if (s.seeded) {
+    const int64_t seed = s.seed_rows ? s.seed_rows[row] : s.seed;
+    const int64_t offset = s.offset_rows ? s.offset_rows[row] : s.offset;
+    return RowNoise{RngSeedOffset{static_cast<uint64_t>(seed), static_cast<uint64_t>(offset)}, 0u};
+  }
+  return RowNoise{unpack(s.generator), static_cast<uint32_t>(row)};
+}
+
 struct FilterArgs {
   int64_t vocab, row;
   bool argmax;  // temperature 0
   int64_t top_k;
   double top_p;
-  RngSeedOffset rng;
-  int64_t* ids;
+  float log_min_p;
+  RowNoise noise;
+  int64_t* ids;  // draw mode: where the id goes
   ErrorSink errors;
+};
+
+__device__ __forceinline__ FilterArgs filter_args(const RowSettings& r, const SampleSettings& s, int64_t vocab,
+                                                  int64_t row, bool draws, int64_t* ids, const ErrorSink& errors) {
+  return FilterArgs{vocab, row, r.argmax, r.top_k, r.top_p, r.log_min_p,
+                    draws && !r.argmax ? row_noise(s, row) : RowNoise{RngSeedOffset{0, 0}, 0u}, ids, errors};
+}
+
+// The row's kept set as the processed log-probs need it (thread 0's copy is the valid one): ok false for a row
+// without a distribution; mass = sum of fixed_weight over the kept set, dmass = sum of fixed_weight * (s_max - s),
+// both in 2^-40 fixed point (integer sums: the same bits in whatever order they are added); threshold = the smallest
+// pack_desc(key, id) of the kept set.
+struct KeptStats {
+  bool ok;
+  float s_max;
+  uint64_t mass, dmass, threshold;
 };
 
 __device__ __forceinline__ void mark_bad_row(const FilterArgs& a) {  // one thread per row
   a.ids[a.row] = -1;
   report_error(a.errors, a.row, -1);
+}
+
+// A per-row setting out of range: id -1 and a kErrOpBadArg entry with the argument's code (one thread per row).
+__device__ __forceinline__ void report_bad_arg(const ErrorSink& errors, int64_t row, int code) {
+  ErrorSink s = errors;
+  s.op = kErrOpBadArg;
+  report_error(s, row, code);
+}
+
+// min_p's cut on the scaled logit (float, the same expression on every path)
+__device__ __forceinline__ float min_p_floor(float s_max, float log_min_p) { return s_max + log_min_p; }
+
+// fixed_weight(key) * (s_max - s) in 2^-40 fixed point (0 for a token of weight 0: -inf times 0 is no number)
+__device__ __forceinline__ uint64_t fixed_dweight(uint32_t key, float s_max) {
+  const float s = key_float(key);
+  const float w = __expf(s - s_max);
+  const float d = s_max - s;
+  return w > 0.f ? __float2ull_rn(w * d * 1099511627776.0f) : 0ull;
 }
 
 // top-p in 2^-40 fixed point over the top-k set's mass z: a token is kept while the mass before it is < target
@@ -61,8 +142,11 @@ __device__ __forceinline__ uint64_t top_p_target(double top_p, uint64_t z) {
   return min(max(target, uint64_t{1}), z);
 }
 
-template <int NT, class Src>
-__device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& sm) {
+// The exact law on one row. Draw mode (kStats false): writes the drawn id (or -1 and an error entry). Stats mode:
+// returns the kept set's KeptStats to thread 0 and writes nothing.
+template <int NT, bool kStats, class Src>
+__device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& sm) {
+  KeptStats out{false, 0.f, 0, 0, 0};
   // 1. the row's largest key, whether it has a NaN, and (for T = 0) the first maximal id
   uint32_t mx = 0, nan = 0;
   uint64_t best = 0;  // (key << 32) | ~id: the max is the largest key, then the lowest id
@@ -77,20 +161,23 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
     if (threadIdx.x == 0) {
       const uint32_t top = static_cast<uint32_t>(best >> 32);
       // a NaN (the largest key) or no logit above -inf: no distribution at T = 0 either (contracts, section 1)
-      if (top == kNanKey || top <= float_key(__uint_as_float(0xff800000u))) {
+      const bool bad = top == kNanKey || top <= float_key(__uint_as_float(0xff800000u));
+      if (kStats) {
+        out = KeptStats{!bad, key_float(top), uint64_t{1} << 40, 0, best};
+      } else if (bad) {
         mark_bad_row(a);
       } else {
         a.ids[a.row] = unpack_id(best);
       }
     }
-    return;
+    return out;
   }
   mx = block_max_u32<NT>(mx, sm.u32);
   nan = block_max_u32<NT>(nan, sm.u32);
   const float s_max = key_float(mx);
   if (nan || isinf(s_max)) {  // softmax has no value: no distribution to draw from
-    if (threadIdx.x == 0) mark_bad_row(a);
-    return;
+    if (!kStats && threadIdx.x == 0) mark_bad_row(a);
+    return out;
   }
   const int id_bits = bits_for(a.vocab);
   const uint32_t id_max = id_bits >= 32 ? 0xffffffffu : (1u << id_bits) - 1u;
@@ -135,14 +222,35 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
       cut_p = id_max - radix_select<NT, false>(src, tied, by_low_id, id_bits, take, s_max, sm).value;
     }
   }
+  // 4. min_p (after top-k and top-p): s >= s_max + ln(min_p)
+  const float s_floor = min_p_floor(s_max, a.log_min_p);
+  auto kept = [=](uint32_t key, int64_t id) {
+    if (!kept_k(key, id)) return false;
+    if (p_on && !(key > t_p || (key == t_p && static_cast<uint32_t>(id) <= cut_p))) return false;
+    return key_float(key) >= s_floor;
+  };
 
-  // 4. the draw: a Gumbel race over the kept set
+  if (kStats) {  // 5s. the kept set's masses and its last element, in integers
+    uint64_t mass = 0, dmass = 0, low = 0;  // low: the largest ~pack_desc, i.e. the smallest kept pack_desc
+    src.visit([&](uint32_t key, int64_t id) {
+      if (!kept(key, id)) return;
+      mass += fixed_weight(key, s_max);
+      dmass += fixed_dweight(key, s_max);
+      const uint64_t inv = ~pack_desc(key, id);
+      low = inv > low ? inv : low;
+    });
+    mass = block_reduce_u64<NT>(mass, false, sm.u64);
+    dmass = block_reduce_u64<NT>(dmass, false, sm.u64);
+    low = block_reduce_u64<NT>(low, true, sm.u64);
+    return KeptStats{true, s_max, mass, dmass, ~low};
+  }
+
+  // 5. the draw: a Gumbel race over the kept set
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
   src.visit([&](uint32_t key, int64_t id) {
-    if (!kept_k(key, id)) return;
-    if (p_on && !(key > t_p || (key == t_p && static_cast<uint32_t>(id) <= cut_p))) return;
-    const float sc = race_score(key_float(key), a.rng, a.row, id);
+    if (!kept(key, id)) return;
+    const float sc = race_score(key_float(key), a.noise.rng, a.noise.word, id);
     if (better(sc, id, bs, bi)) {
       bs = sc;
       bi = id;
@@ -150,6 +258,7 @@ __device__ void filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& 
   });
   bi = block_best<NT>(bs, bi, sm.f32, sm.i64);
   if (threadIdx.x == 0) a.ids[a.row] = bi;
+  return out;
 }
 
 }  // namespace sampling

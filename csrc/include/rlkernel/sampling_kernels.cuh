@@ -329,12 +329,30 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 // pass and one barrier a chunk, no search of their own (warp 0 searches the running maxima in a few of them). The next
 // kStages - 1 chunks' copies (cp.async, each thread its own vectors into its own slots) are in flight while this one is
 // filtered.
+// What the candidates kernel needs of a row's settings: whether the row takes the fast path (a valid row with
+// 1 <= k <= kMaxFastK, k < V, or T = 0), its 1/T and its k (1 for argmax). Block-uniform.
+struct CandRow {
+  bool fast;
+  float inv_t;
+  int k;
+};
+
+__device__ __forceinline__ CandRow cand_row(const SampleSettings& s, int row, int64_t vocab) {
+  const RowSettings r = row_settings(s, row, vocab);
+  const bool fast = r.bad < 0 && (r.argmax || (r.top_k >= 1 && r.top_k <= kMaxFastK));
+  return CandRow{fast, r.inv_t, static_cast<int>(fast ? r.top_k : 1)};
+}
+
+// A row's chunk the candidates kernel does not filter (the row takes the whole-row path in select): its count says
+// "overflow".
+constexpr uint32_t kSkippedChunk = kCandCap + 1;
+
 template <typename T>
 // (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 80, which they stay well
 // under: without it ptxas spilled the fp32 kernel at 48 registers.)
 __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
-                               int chunks, float inv_t, int k, uint64_t* __restrict__ cand,
+                               int chunks, SampleSettings settings, uint64_t* __restrict__ cand,
                                uint32_t* __restrict__ counts) {
   extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
   __shared__ CandidateSmem sm;
@@ -362,6 +380,7 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     cp_async_commit();  // possibly empty: one group per chunk slot keeps the wait below exact
   }
   ChunkCursor cur{begin / splits, begin % splits};
+  CandRow cr = cand_row(settings, cur.row, vocab);
   RowState rs;
   bool search = false;    // the last chunk published the running maxima: warp 0 searches them in this one
   bool searched = false;  // warp 0 searched them in the last chunk: raise the bound with the result
@@ -380,9 +399,14 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     if (searched) rs.bound = max(rs.bound, sm.next_bound);  // written before the last chunk's end barrier
     // this chunk is the row's chunk rs.seen + 1; it publishes when the row has two more in the range (one to
     // search in, one to use the result) and it holds a bound (so the next chunk is not searching its own)
-    const bool publish =
-        kRunningBound<T> && rs.bound != 0 && publishes(rs.seen + 1) && cur.split + 2 < splits && c + 2 < end;
-    if (ch.regular) {
+    const bool publish = kRunningBound<T> && cr.fast && rs.bound != 0 && publishes(rs.seen + 1) &&
+                         cur.split + 2 < splits && c + 2 < end;
+    const float inv_t = cr.inv_t;
+    const int k = cr.k;
+    if (!cr.fast) {
+      if (threadIdx.x == 0) counts[c] = kSkippedChunk;
+      __syncthreads();  // the end barrier filter_chunk would have had (the n_cand and stage rotations rely on it)
+    } else if (ch.regular) {
       filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
                             sm);
     } else {
@@ -396,6 +420,7 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     if (cur.row != row) {  // a bound holds for its own row only
       rs = RowState{};
       search = searched = false;
+      if (cur.row < chunks / splits) cr = cand_row(settings, cur.row, vocab);
     }
   }
 }
@@ -464,15 +489,19 @@ struct FinishSmem {
   uint64_t mass[kFinishWarps];  // each finishing warp's total of the fixed-point weights
   float score[kFinishWarps];    // and its best (race score, id)
   int64_t id[kFinishWarps];
+  uint64_t kept_mass[kFinishWarps], kept_dmass[kFinishWarps], kept_low[kFinishWarps];  // stats mode
 };
 
 // The block, with the row's best n candidates in (key desc, id asc) order in sorted[0, min(n, kRun)) (n >= 1 real
 // ones; top_by_threshold's n is at least min(top_k, the row's candidates)): the same law as filter_and_draw on the
 // first m = min(top_k, n), in the same integer arithmetic, so the same kept set (and, with the same Philox noise per
-// (row, id), the same drawn id). Entry e is thread e's (warps 0 .. kFinishWarps - 1): its weight, its Philox draw and
-// its logs run once per thread, not four times in a row on one warp (which made this the longest stage of select).
-// Every thread of the block calls it.
-__device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, const FilterArgs& a, FinishSmem& f) {
+// (row, id), the same drawn id; in stats mode the same KeptStats, to thread 0). Entry e is thread e's (warps
+// 0 .. kFinishWarps - 1): its weight, its Philox draw and its logs run once per thread, not four times in a row on
+// one warp (which made this the longest stage of select). Every thread of the block calls it.
+template <bool kStats>
+__device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n, const FilterArgs& a,
+                                                   FinishSmem& f) {
+  KeptStats out{false, 0.f, 0, 0, 0};
   const int e = threadIdx.x, warp = e / 32, lane = e % 32;
   const uint32_t top_key = static_cast<uint32_t>(sorted[0] >> 32);
   const float s_max = key_float(top_key);
@@ -480,14 +509,19 @@ __device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, con
                             : (top_key == kNanKey || isinf(s_max));  // NaN sorts first: it is the top
   if (bad || a.argmax) {  // the same for every thread: no barrier below is skipped by some only
     if (e == 0) {
-      a.ids[a.row] = bad ? -1 : unpack_id(sorted[0]);
-      if (bad) report_error(a.errors, a.row, -1);
+      if (kStats) {
+        out = KeptStats{!bad, s_max, uint64_t{1} << 40, 0, sorted[0]};
+      } else {
+        a.ids[a.row] = bad ? -1 : unpack_id(sorted[0]);
+        if (bad) report_error(a.errors, a.row, -1);
+      }
     }
-    return;
+    return out;
   }
   const int m = a.top_k < n ? static_cast<int>(a.top_k) : n;  // <= kMaxFastK <= kRun
   const uint64_t v = e < m ? sorted[e] : 0;
-  const uint64_t w = e < m ? fixed_weight(static_cast<uint32_t>(v >> 32), s_max) : 0;
+  const uint32_t key = static_cast<uint32_t>(v >> 32);
+  const uint64_t w = e < m ? fixed_weight(key, s_max) : 0;
   uint64_t inc = w;  // inclusive prefix over this warp's entries
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -503,11 +537,39 @@ __device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, con
     before += i < warp ? f.mass[i] : 0;
   }
   const uint64_t target = top_p_target(a.top_p, z);
+  // top-p: kept while the mass before it is < top_p * Z; then min_p: s >= s_max + ln(min_p)
+  const bool kept = e < m && (a.top_p >= 1.0 || before < target) &&
+                    key_float(key) >= min_p_floor(s_max, a.log_min_p);
+  if (kStats) {
+    uint64_t km = kept ? w : 0, kd = kept ? fixed_dweight(key, s_max) : 0, low = kept ? ~v : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      km += __shfl_xor_sync(kFullMask, km, o);
+      kd += __shfl_xor_sync(kFullMask, kd, o);
+      const uint64_t l = __shfl_xor_sync(kFullMask, low, o);
+      low = l > low ? l : low;
+    }
+    if (lane == 0 && warp < kFinishWarps) {
+      f.kept_mass[warp] = km;
+      f.kept_dmass[warp] = kd;
+      f.kept_low[warp] = low;
+    }
+    __syncthreads();
+    if (e == 0) {
+      for (int i = 1; i < kFinishWarps; ++i) {
+        km += f.kept_mass[i];
+        kd += f.kept_dmass[i];
+        low = f.kept_low[i] > low ? f.kept_low[i] : low;
+      }
+      out = KeptStats{true, s_max, km, kd, ~low};
+    }
+    return out;
+  }
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
-  if (e < m && (a.top_p >= 1.0 || before < target)) {  // top-p: kept while the mass before it is < top_p * Z
+  if (kept) {
     bi = unpack_id(v);
-    bs = race_score(key_float(static_cast<uint32_t>(v >> 32)), a.rng, a.row, bi);
+    bs = race_score(key_float(key), a.noise.rng, a.noise.word, bi);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -533,6 +595,7 @@ __device__ __forceinline__ void finish_sorted(const uint64_t* sorted, int n, con
     }
     a.ids[a.row] = bi;
   }
+  return out;
 }
 
 struct SelectSmem {
@@ -623,30 +686,94 @@ __device__ __forceinline__ int top_by_threshold(SelectSmem& sm, int n, int k) {
   return cnt;
 }
 
-// (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
-// registers for fp32, but with a spill.)
+// ---- the processed log-prob outputs (stats mode) ----
+
+// Writes one row's processed log-prob, entropy, stats and threshold (thread 0). k.ok false: NaN (no distribution).
 template <typename T>
+__device__ __forceinline__ void write_processed(const T* row_ptr, int64_t row, int64_t id, const RowSettings& r,
+                                                const KeptStats& k, const ProcessedOut& o) {
+  if (!k.ok) {
+    o.logp[row] = NAN;
+    if (o.entropy) o.entropy[row] = NAN;
+    reinterpret_cast<float4*>(o.stats)[row] = make_float4(NAN, NAN, NAN, NAN);
+    o.threshold[row] = 0;
+    return;
+  }
+  // log S in the units of s (S = mass * 2^-40 >= 1: the top token is always kept, with weight exactly 1)
+  const double log_s = r.argmax ? 0.0 : log(static_cast<double>(k.mass)) - 40.0 * 0.6931471805599453;
+  const float h = r.argmax ? 0.f
+                           : static_cast<float>(static_cast<double>(k.dmass) / static_cast<double>(k.mass) + log_s);
+  const float ls = static_cast<float>(log_s);
+  const float s = scaled(to_float(row_ptr[id]), r.inv_t);
+  const bool kept = pack_desc(float_key(s), id) >= k.threshold;
+  o.logp[row] = kept ? (s - k.s_max) - ls : -INFINITY;
+  if (o.entropy) o.entropy[row] = h;
+  reinterpret_cast<float4*>(o.stats)[row] = make_float4(k.s_max, ls, h, r.argmax ? 0.f : r.inv_t);
+  o.threshold[row] = static_cast<int64_t>(k.threshold);
+}
+
+// What a row needs before any filtering, the same in every kernel (block-uniform; thread 0 writes): returns false
+// when the row is done (draw mode: a bad setting; stats mode: an ignored row, a bad setting, a bad id).
+template <bool kStats>
+__device__ __forceinline__ bool row_prologue(int64_t row, int64_t vocab, const RowSettings& r, int64_t* ids,
+                                             const ProcessedOut& o, const ErrorSink& errors, int64_t* id_out) {
+  const bool first = threadIdx.x == 0;
+  if (!kStats) {
+    if (r.bad < 0) return true;
+    if (first) {
+      ids[row] = -1;
+      report_bad_arg(errors, row, r.bad);
+    }
+    return false;
+  }
+  const int64_t id = o.ids[row];
+  *id_out = id;
+  const bool ignored = id == o.ignore_index;
+  const bool bad_id = !ignored && (id < 0 || id >= vocab);
+  if (!ignored && r.bad < 0 && !bad_id) return true;
+  if (first) {
+    const float v = ignored ? 0.f : NAN;
+    o.logp[row] = v;
+    if (o.entropy) o.entropy[row] = v;
+    reinterpret_cast<float4*>(o.stats)[row] = make_float4(v, v, v, 0.f);
+    o.threshold[row] = 0;
+    if (!ignored && r.bad >= 0) {
+      report_bad_arg(errors, row, r.bad);
+    } else if (bad_id) {
+      report_error(errors, row, id);
+    }
+  }
+  return false;
+}
+
+// (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
+// registers for fp32, but with a spill.) Stats mode (kStats): the processed log-prob forward, same kept set.
+template <typename T, bool kStats>
 __global__ void __launch_bounds__(kRowThreads, 2)
     rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
-                           float inv_t, const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
-                           bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
-                           ErrorSink errors) {
+                           const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
+                           SampleSettings settings, int64_t* ids, ProcessedOut out, ErrorSink errors) {
   __shared__ SelectSmem sm;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // launched as a programmatic dependent of the candidates grid (Hopper+): from here on its writes are visible
   cudaGridDependencySynchronize();
 #endif
   const int64_t row = blockIdx.x;
-  const FilterArgs args{vocab, row, argmax, argmax ? 1 : top_k, top_p,
-                        argmax ? RngSeedOffset{0, 0} : unpack(rng), ids, errors};
+  const RowSettings rset = row_settings(settings, row, vocab);
+  int64_t id = 0;
+  if (!row_prologue<kStats>(row, vocab, rset, ids, out, errors, &id)) return;
+  const FilterArgs args = filter_args(rset, settings, vocab, row, !kStats, ids, errors);
+  const T* row_ptr = logits + row * row_stride;
+  const bool fast = rset.argmax || (args.top_k >= 1 && args.top_k <= kMaxFastK);
   // splits <= kRowThreads (the launcher checks): one thread per chunk
   const uint32_t c = threadIdx.x < splits ? counts[row * splits + threadIdx.x] : 0u;
   const int overflow = __syncthreads_or(c > kCandCap);
   uint32_t total;
   const uint32_t before = block_exclusive_scan<kRowThreads>(c, sm.scan, &total);
-  if (overflow || total > kMaxSmemCand) {
-    filter_and_draw<kRowThreads>(RowSource<T, kRowThreads>{logits + row * row_stride, vocab, inv_t}, args,
-                                 sm.radix);
+  if (!fast || overflow || total > kMaxSmemCand) {
+    const KeptStats k = filter_and_draw<kRowThreads, kStats>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
+                                                             args, sm.radix);
+    if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
     return;
   }
   if (threadIdx.x < splits) sm.offset[threadIdx.x] = before;
@@ -670,7 +797,8 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   __syncthreads();
   const int m = top_by_threshold(sm, static_cast<int>(total), static_cast<int>(args.top_k));
   if (m > 0) {
-    finish_sorted(sm.sorted, m, args, sm.finish);
+    const KeptStats k = finish_sorted<kStats>(sm.sorted, m, args, sm.finish);
+    if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
     return;
   }
   // many ties at the k-th key: each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a
@@ -709,19 +837,25 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     for (int i = 0; i < 4; ++i) sm.sorted[lane * 4 + i] = v[i];
   }
   __syncthreads();
-  finish_sorted(sm.sorted, static_cast<int>(total), args, sm.finish);
+  const KeptStats k = finish_sorted<kStats>(sm.sorted, static_cast<int>(total), args, sm.finish);
+  if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
 }
 
-template <typename T>
+
+template <typename T, bool kStats>
 __global__ void __launch_bounds__(kRowThreads)
-    rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, float inv_t,
-                         bool argmax, int64_t top_k, double top_p, PhiloxArgs rng, int64_t* ids,
-                         ErrorSink errors) {
+    rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, SampleSettings settings,
+                         int64_t* ids, ProcessedOut out, ErrorSink errors) {
   __shared__ RadixSmem sm;
   const int64_t row = blockIdx.x;
-  const FilterArgs args{vocab, row, argmax, top_k, top_p, argmax ? RngSeedOffset{0, 0} : unpack(rng), ids,
-                        errors};
-  filter_and_draw<kRowThreads>(RowSource<T, kRowThreads>{logits + row * row_stride, vocab, inv_t}, args, sm);
+  const RowSettings rset = row_settings(settings, row, vocab);
+  int64_t id = 0;
+  if (!row_prologue<kStats>(row, vocab, rset, ids, out, errors, &id)) return;
+  const FilterArgs args = filter_args(rset, settings, vocab, row, !kStats, ids, errors);
+  const T* row_ptr = logits + row * row_stride;
+  const KeptStats k =
+      filter_and_draw<kRowThreads, kStats>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm);
+  if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
 }
 
 }  // namespace sampling
