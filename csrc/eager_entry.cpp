@@ -28,4 +28,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("logp_forward_eager", &rlkernel::ops::logp_forward_eager,
         "torch.ops.rlkernel.logp_forward(logits, ids, temperature, ignore_index, compute_entropy, error_record, "
         "error_seq, error_op) without torch's dispatcher: no autograd, no torch.compile");
+  m.def("sample_eager", &rlkernel::ops::sample,
+        "torch.ops.rlkernel.sample(...) with every argument given, without torch's dispatcher");
 }

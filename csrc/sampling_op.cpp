@@ -16,6 +16,7 @@
 #include "rlkernel/logp_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
 #include "rlkernel/sampling_api.cuh"
 #include "rlkernel/torch_elem_type.h"
+#include "rlkernel/torch_ops.h"
 
 namespace {
 
@@ -92,6 +93,10 @@ void check_logits(const Tensor& logits, const char* op) {
 // Returns ids int64 [N]; a row without a distribution gets -1 and is reported to the error record (error_*); a
 // row whose per-row setting is out of range gets -1 and a kErrOpBadArg entry. seeded: each row's noise comes from
 // (seed, offset) (seed_rows / offset_rows per row), never from the generator, and not from the row's position.
+}  // namespace
+
+namespace rlkernel::ops {
+
 Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
               std::optional<at::Generator> generator, int64_t error_record, int64_t error_seq, double min_p,
               const std::optional<Tensor>& temperature_rows, const std::optional<Tensor>& top_k_rows,
@@ -127,6 +132,10 @@ Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double to
   TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
   return ids;
 }
+
+}  // namespace rlkernel::ops
+
+namespace {
 
 // The processed log-prob forward: (logp [N], entropy [N] or [0], stats [N, 4] float32, threshold [N] int64).
 std::tuple<Tensor, Tensor, Tensor, Tensor> logp_processed_forward(
@@ -214,7 +223,7 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
 }
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
-  m.impl("sample", &sample);
+  m.impl("sample", &rlkernel::ops::sample);
   m.impl("logp_processed_forward", &logp_processed_forward);
   m.impl("logp_processed_backward", &logp_processed_backward);
 }

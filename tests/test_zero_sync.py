@@ -106,6 +106,18 @@ def test_eager_entry_gives_the_registered_ops_bits_and_modes_still_see_the_op():
     assert lp[9].isnan() and torch.isfinite(lp[torch.arange(67, device="cuda") != 9]).all()
     with pytest.raises(IndexError, match=r"position \(9,\) \(id -5"):
         rlkernel.check_errors()
+    # the sampler: seeded rows (a pure function of logits, settings, seed and offset), per-row and scalar settings
+    seeds = torch.arange(67, device="cuda") * 7919 + 3
+    top_p = torch.linspace(0.2, 1.0, 67, device="cuda")
+    kw = dict(top_k=50, top_p=top_p, min_p=0.01, seed=seeds, offset=11, return_logprobs="processed", backend="fused")
+    with no_sync():
+        ids_e, lp_e = rlkernel.sample(x, **kw)
+    with SeenOps() as seen:
+        ids_o, lp_o = rlkernel.sample(x, **kw)
+    assert any("rlkernel.sample" in op for op in seen.ops), seen.ops
+    torch.cuda.synchronize()
+    assert torch.equal(ids_e, ids_o) and torch.equal(lp_e, lp_o) and (ids_e >= 0).all()
+    rlkernel.check_errors()
 
 
 @pytest.mark.parametrize("backend", ["fused", "native"])

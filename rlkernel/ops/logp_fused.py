@@ -117,11 +117,14 @@ def as_rows(logits: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def _eager_ok(rows: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor) -> bool:
-    """The eager entry only for what torch's dispatcher would add nothing to: no gradient to record, no
-    torch.compile trace, no tensor subclass or dispatch mode (fake tensors, FlopCounter, ...) that must see the op."""
-    return (not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and logits.requires_grad)
-            and type(rows) is torch.Tensor and type(ids) is torch.Tensor and not _dispatch_modes())
+def eager_entry_ok(*tensors) -> bool:
+    """Whether an op may enter the extension directly (csrc/eager_entry.cpp), i.e. torch's dispatcher would add
+    nothing: no torch.compile trace, no tensor subclass or dispatch mode (fake tensors, FlopCounter, ...) that must
+    see the op. ``tensors``: the op's tensor arguments (None for an absent optional one). The caller rules out a
+    gradient to record."""
+    if torch.compiler.is_compiling() or _dispatch_modes():
+        return False
+    return all(t is None or type(t) is torch.Tensor for t in tensors)
 
 
 def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float, ignore_index: int,
@@ -148,7 +151,7 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
     if report_as is None:
         address, seq, sync = errors.begin("logp.forward", logits.device, lead, logits.shape[-1])
         report_as = (address, seq, errors.ERR_LOGP_BAD_ID)
-    if _eager_ok(rows, ids, logits):
+    if not (torch.is_grad_enabled() and logits.requires_grad) and eager_entry_ok(rows, ids):
         # no gradient wanted, plain tensors, nothing tracing: straight into the extension, past torch's op dispatcher
         # and the autograd wrapper register_autograd adds (about 20 us a call on the H200)
         logp, entropy, _ = _EAGER(rows, ids, temperature, ignore_index, return_entropy, *report_as)

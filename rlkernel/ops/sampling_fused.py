@@ -22,10 +22,11 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _ext, errors
-from rlkernel.ops.logp_fused import as_rows, logp_fused
+from rlkernel.ops.logp_fused import as_rows, eager_entry_ok, logp_fused
 
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
+_SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/eager_entry.cpp)
 
 
 def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0, min_p=0.0,
@@ -39,10 +40,11 @@ def ensure_registered() -> None:
     global _registered
     if _registered:
         return
-    _ext.load()
+    module = _ext.load()
     torch.library.register_fake("rlkernel::sample")(_sample_fake)
-    global _SAMPLE
+    global _SAMPLE, _SAMPLE_EAGER
     _SAMPLE = torch.ops.rlkernel.sample.default  # the overload itself: no packet lookup per call
+    _SAMPLE_EAGER = module.sample_eager
     _registered = True
 
 
@@ -81,8 +83,11 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     s, s_rows = split_setting(seed, 0, torch.int64) if seeded else (0, None)
     o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
-    ids = _SAMPLE(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
-                  k_rows, p_rows, mp_rows, seeded, _int64(s), s_rows, _int64(o), o_rows).view(lead)
+    # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.logp_fused), else the
+    # registered op; the same C++ either way
+    op = _SAMPLE_EAGER if eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows) else _SAMPLE
+    ids = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
+             k_rows, p_rows, mp_rows, seeded, _int64(s), s_rows, _int64(o), o_rows).view(lead)
     lp = None
     report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
     if return_logprobs == "processed":

@@ -2,9 +2,11 @@
 // entry of the Python module (csrc/eager_entry.cpp), which skips torch's op dispatcher on the no-grad eager path.
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 
 namespace rlkernel::ops {
@@ -14,5 +16,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logp_forward_eager(const at::Tens
                                                                   double temperature, int64_t ignore_index,
                                                                   bool compute_entropy, int64_t error_record,
                                                                   int64_t error_seq, int64_t error_op);
+
+// ids[N]: torch.ops.rlkernel.sample (csrc/sampling_op.cpp, which documents the arguments).
+at::Tensor sample(const at::Tensor& logits, double temperature, int64_t top_k, double top_p,
+                  std::optional<at::Generator> generator, int64_t error_record, int64_t error_seq, double min_p,
+                  const std::optional<at::Tensor>& temperature_rows, const std::optional<at::Tensor>& top_k_rows,
+                  const std::optional<at::Tensor>& top_p_rows, const std::optional<at::Tensor>& min_p_rows,
+                  bool seeded, int64_t seed, const std::optional<at::Tensor>& seed_rows, int64_t offset,
+                  const std::optional<at::Tensor>& offset_rows);
 
 }  // namespace rlkernel::ops
