@@ -118,7 +118,7 @@ def test_gradients_match_float64(monkeypatch, dtype):
     refs = [a.detach().double().requires_grad_(True) for a in (hidden, weight, b)]
     rlp, rent, _ = reference(*refs[:2], refs[2], ids, t, round_to=dtype)
     torch.autograd.backward([rlp, rent], [gl.double(), gh.double()])
-    for got, want, name in zip(leaves, refs, ("hidden", "weight", "bias")):
+    for got, want, name in zip(leaves, refs, ("hidden", "weight", "bias"), strict=True):
         atol = 4 * UNIT[dtype] * float(want.grad.abs().max()) + 1e-6
         torch.testing.assert_close(got.grad.double(), want.grad, atol=atol, rtol=0, msg=name)
     # ignored rows pass no gradient to their hidden state
