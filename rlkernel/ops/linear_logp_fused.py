@@ -62,7 +62,10 @@ def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple
     rows = max(1, min(n, MAX_BLOCK_ROWS))
     esize = torch.empty((), dtype=dtype).element_size()
     cols = max(_COL_ALIGN, TILE_BYTES // (rows * esize) // _COL_ALIGN * _COL_ALIGN)
-    return rows, min(cols, vocab)
+    # at least two chunks once the vocabulary has more than two aligned chunks' worth: no tile ever holds a block's
+    # whole row of logits, however small the problem
+    half = -(-vocab // 2 // _COL_ALIGN) * _COL_ALIGN if vocab > 2 * _COL_ALIGN else vocab
+    return rows, min(cols, half, vocab)
 
 
 def _accumulates_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
