@@ -236,7 +236,7 @@ def test_batch_invariant_rows_are_bitwise_the_same(fused, chunk):
 
     with ctx:
         one = run(torch.tensor([3], device="cuda"))
-        for n, pos in ((7, 0), (7, 6), (2048, 2047), (2049, 2048), (4200, 3), (3000, 1500), (130, 65)):
+        for n, pos in ((7, 0), (7, 6), (4096, 4095), (4097, 4096), (4200, 3), (3000, 1500), (130, 65)):
             rows = torch.arange(n, device="cuda")
             rows = torch.where(rows == pos, 3, torch.where(rows == 3, pos, rows))  # row 3 moved to `pos`
             lp, ent, gx = run(rows)

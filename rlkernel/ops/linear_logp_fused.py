@@ -32,7 +32,8 @@ from rlkernel.ops.logp_fused import as_rows
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
 MAX_BLOCK_ROWS = 16384  # rows per block in the default mode (more rows: several blocks)
-BI_ROWS = 2048  # rows per GEMM with batch_invariant=True (fewer rows are padded up to it)
+BI_ROWS = 4096  # rows per GEMM with batch_invariant=True (fewer rows are padded up to it; the dH GEMM
+# [BI_ROWS x H] needs about two waves of 128 x 256 tiles on 132 SMs to run at full speed)
 BI_COLS = 16384  # vocabulary columns per chunk with batch_invariant=True
 _COL_ALIGN = 256
 
