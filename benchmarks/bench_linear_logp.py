@@ -10,6 +10,8 @@ time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--met
   matmul        bare ``hidden @ weight.T`` (cuBLAS, the inputs' dtype): the yardstick of every ratio;
   fwd           rlkernel.linear_logp forward, log-probs + entropy, no grad (target <= 1.15x matmul);
   fwdbwd        the same with autograd, backward to hidden and weight (target <= 4.4x matmul);
+  fwdbwd-dtacc  fwdbwd with the hidden-state gradient summed in the inputs' dtype instead of a float32 accumulator
+                (what runs where cuBLAS cannot add into float32 through aten's addmm.dtype_out);
   bi-fwd, bi-fwdbwd   the same with batch_invariant=True (target: <= 1.10x the default mode);
   torch-fwd, torch-fwdbwd   plain PyTorch: matmul, float32 log_softmax, gather, entropy (skipped when its
                 estimated memory does not fit);
@@ -37,7 +39,8 @@ from rlkernel.cli import CliError, OneLineParser
 
 DEFAULT_SHAPES = [(16384, 4096, 128256), (4096, 4096, 128256), (32768, 4096, 128256), (16384, 896, 128256),
                   (16384, 8192, 128256), (16384, 4096, 32000), (16384, 4096, 151936)]
-DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd", "liger"]
+DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
+                   "liger"]
 ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
 TEMPERATURE = 1.0
 
@@ -117,14 +120,28 @@ def _method(name, case):
                 return rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE, return_entropy=True,
                                             batch_invariant=bi, backend="fused")
         return run, nothing, 1, 8 * c.n, None
-    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd"):
+    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc"):
+        from rlkernel.ops import linear_logp_fused
+
         bi = name == "bi-fwdbwd"
         backend = "native" if name == "native-fwdbwd" else "fused"
+        key = (c.hidden.device.index, c.dtype)
+        dtype_acc = name == "fwdbwd-dtacc"
 
         def run():
-            lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE, return_entropy=True,
-                                           batch_invariant=bi, backend=backend)
-            torch.autograd.backward([lp, ent], [c.gl, c.gh])
+            saved = linear_logp_fused._fp32_accumulate.get(key)
+            if dtype_acc:
+                linear_logp_fused._fp32_accumulate[key] = False
+            try:
+                lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE,
+                                               return_entropy=True, batch_invariant=bi, backend=backend)
+                torch.autograd.backward([lp, ent], [c.gl, c.gh])
+            finally:
+                if dtype_acc:
+                    if saved is None:
+                        linear_logp_fused._fp32_accumulate.pop(key, None)
+                    else:
+                        linear_logp_fused._fp32_accumulate[key] = saved
             return lp
         return run, c.zero_grads, 3, c.grad_bytes + 8 * c.n, None
     if name in ("torch-fwd", "torch-fwdbwd"):
@@ -205,7 +222,7 @@ def _list_kernels(case):
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(description=__doc__.split("\n\n")[0], formatter_class=__import__("argparse").RawTextHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=__import__("argparse").RawTextHelpFormatter)
     p.add_argument("--shapes", nargs="+", type=_shape, default=None, help="NxHxV ... (default: the issue's shapes)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated, of: {', '.join(ALL_METHODS)}")
