@@ -330,3 +330,13 @@ def test_dispatch_records_and_auto_picks_fused(fused):
     with dispatch.recording() as rec:
         rlkernel.linear_logp(hidden.double(), weight.double(), ids)  # float64: a recorded fallback
     assert rec.statuses() == {"fallback"}
+
+
+def test_empty_input_gives_empty_output_and_zero_gradients(fused):
+    hidden, weight, b, ids = make(0, 16, 300, torch.bfloat16, seed=2)
+    w = weight.clone().requires_grad_(True)
+    bias = b.clone().requires_grad_(True)
+    lp, ent = rlkernel.linear_logp(hidden, w, ids, bias=bias, return_entropy=True, backend="fused")
+    assert lp.shape == ent.shape == (0,)
+    (lp.sum() + ent.sum()).backward()
+    assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(bias.grad, torch.zeros_like(bias))

@@ -162,6 +162,9 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev, dtype = rows2d.device, rows2d.dtype
+    if n == 0:  # no rows: nothing reaches the weight or the bias (zeros, not an unwritten buffer)
+        return (rows2d.new_empty(0, hsize) if need_h else None, torch.zeros_like(weight) if need_w else None,
+                torch.zeros(vocab, dtype=dtype, device=dev) if need_b else None)
     block, cols = plan(n, vocab, dtype, batch_invariant)
     m = block if batch_invariant else min(block, n)
     dh = torch.empty(n, hsize, dtype=dtype, device=dev) if need_h else None
