@@ -71,13 +71,14 @@ def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple
 
 def _accumulates_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether cuBLAS (through aten) can add a 16-bit product into a float32 accumulator (``addmm.dtype_out`` with a
-    float32 ``self``; torch versions differ). Tried once per device and dtype on 2 x 2 tensors (no values read)."""
+    float32 ``self``; torch versions differ). Tried once per device and dtype on 2 x 2 tensors: no values read, and
+    nothing but the GEMMs themselves launched (unfilled inputs), so the op range it runs in stays GEMMs + ours."""
     if dtype == torch.float32:
         return True
     key = (device.index, dtype)
     ok = _fp32_accumulate.get(key)
     if ok is None:
-        a = torch.ones(2, 2, dtype=dtype, device=device)
+        a = torch.empty(2, 2, dtype=dtype, device=device)
         acc = torch.empty(2, 2, dtype=torch.float32, device=device)
         try:
             torch.ops.aten.mm.dtype_out(a, a, torch.float32, out=acc)
