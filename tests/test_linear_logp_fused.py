@@ -219,10 +219,10 @@ def test_logp_only_and_entropy_only_gradients(fused):
                 assert_within(a.grad, r.grad.double(), 1e-4 * float(r.grad.abs().max()) + 1e-6, which)
 
 
-@pytest.mark.parametrize("chunk", [None, (64, 1000)])
-def test_batch_invariant_rows_are_bitwise_the_same(fused, chunk):
+@pytest.mark.parametrize("chunk,backend", [(None, "fused"), ((64, 1000), "fused"), (None, "native")])
+def test_batch_invariant_rows_are_bitwise_the_same(fused, chunk, backend):
     """Row 3 of a fixed set of inputs, alone and inside batches of many sizes at many positions: logp, entropy and
-    its hidden gradient carry the same bits."""
+    its hidden gradient carry the same bits (both backends)."""
     h, v = 96, 4099
     hidden, weight, b, ids = make(4200, h, v, torch.bfloat16, seed=12)
     ctx = fused.chunking(*chunk) if chunk else contextlib.nullcontext()
@@ -230,7 +230,7 @@ def test_batch_invariant_rows_are_bitwise_the_same(fused, chunk):
     def run(rows):
         x = hidden[rows].clone().requires_grad_(True)
         lp, ent = rlkernel.linear_logp(x, weight, ids[rows], bias=b, return_entropy=True, batch_invariant=True,
-                                       backend="fused")
+                                       backend=backend)
         (0.7 * lp.sum() + 0.3 * ent.sum()).backward()
         return lp.detach(), ent.detach(), x.grad
 

@@ -140,14 +140,21 @@ def test_gradcheck_float64(monkeypatch, batch_invariant):
 
 
 def test_batch_invariant_rows_are_bitwise_the_same_whatever_n_and_position(monkeypatch):
+    """Row 5 alone and inside batches of other sizes and offsets: logp, entropy and its hidden gradient, same bits."""
     monkeypatch.setattr(native_mod, "BI_ROWS", 8)
     hidden, weight, b, ids = make_inputs((40,), 32, 777, torch.float32, scale=3.0, seed=9)
-    want_lp, want_ent = rlkernel.linear_logp(hidden[5:6], weight, ids[5:6], bias=b, return_entropy=True,
-                                             batch_invariant=True, backend="native")
+
+    def run(lo, hi):
+        x = hidden[lo:hi].clone().requires_grad_(True)
+        lp, ent = rlkernel.linear_logp(x, weight, ids[lo:hi], bias=b, return_entropy=True, batch_invariant=True,
+                                       backend="native")
+        (0.7 * lp.sum() + 0.3 * ent.sum()).backward()
+        return lp[5 - lo:6 - lo], ent[5 - lo:6 - lo], x.grad[5 - lo:6 - lo]
+
+    want = run(5, 6)
     for lo, hi in ((0, 40), (5, 13), (1, 6), (3, 20)):
-        lp, ent = rlkernel.linear_logp(hidden[lo:hi], weight, ids[lo:hi], bias=b, return_entropy=True,
-                                       batch_invariant=True, backend="native")
-        assert torch.equal(lp[5 - lo:6 - lo], want_lp) and torch.equal(ent[5 - lo:6 - lo], want_ent), (lo, hi)
+        got = run(lo, hi)
+        assert all(torch.equal(a, w) for a, w in zip(got, want, strict=True)), (lo, hi)
 
 
 def test_argument_checks_raise_before_any_record():

@@ -32,14 +32,19 @@ def _chunks(n: int, vocab: int, batch_invariant: bool):
         yield r0, min(n, r0 + rows), rows
 
 
+def _pad(t, rows, value=0):
+    """t with rows appended (filled with ``value``) up to ``rows`` along dim 0."""
+    extra = rows - t.shape[0]
+    return t if extra <= 0 else torch.cat([t, t.new_full((extra,) + tuple(t.shape[1:]), value)])
+
+
 def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature):
-    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype (padded to ``rows`` rows with
-    batch_invariant), then upcast."""
-    h = hidden[r0:r1]
-    if batch_invariant and r1 - r0 < rows:
-        h = torch.cat([h, h.new_zeros(rows - (r1 - r0), h.shape[1])])
+    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype, then upcast. With
+    batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended): every matmul and every row
+    reduction after it sees one shape; callers keep the first r1 - r0 rows of what they compute."""
+    h = _pad(hidden[r0:r1], rows) if batch_invariant else hidden[r0:r1]
     logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
-    return logits[: r1 - r0].to(cd) / temperature
+    return logits.to(cd) / temperature
 
 
 def _softmax_parts(x):
@@ -64,9 +69,10 @@ class _NativeLinearLogp(torch.autograd.Function):
         for r0, r1, rows in _chunks(n, vocab, batch_invariant):
             x = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature)
             logp_all, p = _softmax_parts(x)
-            out[r0:r1] = logp_all.gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
+            k = r1 - r0
+            out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
             if return_entropy:
-                ent[r0:r1] = _entropy(p, logp_all)
+                ent[r0:r1] = _entropy(p, logp_all)[:k]
         zero, nan = torch.zeros((), dtype=cd, device=out.device), torch.full((), math.nan, dtype=cd, device=out.device)
         out = torch.where(bad, nan, torch.where(valid, out, zero))
         if return_entropy:
@@ -94,20 +100,23 @@ class _NativeLinearLogp(torch.autograd.Function):
                 n = 0  # nothing reaches the outputs: zero gradients
             for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
                 x = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, t)
+                m, k = x.shape[0], r1 - r0  # m = k, or the padded chunk (batch_invariant)
                 logp_all, p = _softmax_parts(x)
                 g = torch.zeros_like(x)
                 if grad_logp is not None:
-                    gl = grad_logp[r0:r1].to(cd).unsqueeze(-1)
-                    onehot = torch.zeros_like(x).scatter_(-1, safe_ids[r0:r1].unsqueeze(-1), 1.0)
+                    gl = _pad(grad_logp[r0:r1].to(cd), m).unsqueeze(-1)
+                    onehot = torch.zeros_like(x).scatter_(-1, _pad(safe_ids[r0:r1], m).unsqueeze(-1), 1.0)
                     g = g + gl * (onehot - p)
                 if grad_ent is not None:
                     ent = _entropy(p, logp_all).unsqueeze(-1)
                     # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
-                    g = g - grad_ent[r0:r1].to(cd).unsqueeze(-1) * torch.where(p > 0, p * (logp_all + ent), 0.0)
-                g = torch.where(valid[r0:r1].unsqueeze(-1), g / t, 0.0)
-                g = torch.where(bad[r0:r1].unsqueeze(-1), math.nan, g)  # a bad id: NaN gradients, as its logp
+                    g = g - _pad(grad_ent[r0:r1].to(cd), m).unsqueeze(-1) * torch.where(p > 0, p * (logp_all + ent),
+                                                                                         0.0)
+                g = torch.where(_pad(valid[r0:r1], m, False).unsqueeze(-1), g / t, 0.0)  # padding rows: 0
+                g = torch.where(_pad(bad[r0:r1], m, False).unsqueeze(-1), math.nan, g)  # a bad id: NaN gradients
                 if need_h:
-                    dh[r0:r1] = g @ w
+                    dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
+                g = g[:k]
                 if need_w:
                     dw += g.t() @ hidden[r0:r1].to(cd)
                 if need_b:
