@@ -11,7 +11,7 @@ time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--met
   fwd           rlkernel.linear_logp forward, log-probs + entropy, no grad (target <= 1.15x matmul);
   fwdbwd        the same with autograd, backward to hidden and weight (target <= 4.4x matmul);
   fwdbwd-dtacc  fwdbwd with the hidden-state gradient summed in the inputs' dtype instead of a float32 accumulator
-                (what runs where cuBLAS cannot add into float32 through aten's addmm.dtype_out);
+                (what runs where aten cannot give a bf16/fp16 GEMM a float32 output: dh_accumulation "dtype");
   bi-fwd, bi-fwdbwd   the same with batch_invariant=True (target: <= 1.10x the default mode);
   torch-fwd, torch-fwdbwd   plain PyTorch: matmul, float32 log_softmax, gather, entropy (skipped when its
                 estimated memory does not fit);
@@ -129,9 +129,9 @@ def _method(name, case):
         dtype_acc = name == "fwdbwd-dtacc"
 
         def run():
-            saved = linear_logp_fused._fp32_accumulate.get(key)
+            saved = linear_logp_fused._dh_modes.get(key)
             if dtype_acc:
-                linear_logp_fused._fp32_accumulate[key] = False
+                linear_logp_fused._dh_modes[key] = "dtype"
             try:
                 lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE,
                                                return_entropy=True, batch_invariant=bi, backend=backend)
@@ -139,9 +139,9 @@ def _method(name, case):
             finally:
                 if dtype_acc:
                     if saved is None:
-                        linear_logp_fused._fp32_accumulate.pop(key, None)
+                        linear_logp_fused._dh_modes.pop(key, None)
                     else:
-                        linear_logp_fused._fp32_accumulate[key] = saved
+                        linear_logp_fused._dh_modes[key] = saved
             return lp
         return run, c.zero_grads, 3, c.grad_bytes + 8 * c.n, None
     if name in ("torch-fwd", "torch-fwdbwd"):

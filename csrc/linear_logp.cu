@@ -144,17 +144,17 @@ const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_r
 }
 
 const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, ElemType dst_dtype, int64_t n,
-                             void* stream_ptr) {
+                             bool accumulate, void* stream_ptr) {
   if (n == 0) return nullptr;
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   const char* err = with_type(dst_dtype, [&](auto tag) {
     using D = decltype(tag);
     if (src_is_float) {
       rlkernel_linear_logp_cast_kernel<float, D><<<elementwise_grid(n), 256, 0, stream>>>(
-          static_cast<const float*>(src), static_cast<D*>(dst), n);
+          static_cast<const float*>(src), static_cast<D*>(dst), n, accumulate);
     } else {
       rlkernel_linear_logp_cast_kernel<D, D><<<elementwise_grid(n), 256, 0, stream>>>(
-          static_cast<const D*>(src), static_cast<D*>(dst), n);
+          static_cast<const D*>(src), static_cast<D*>(dst), n, accumulate);
     }
   });
   return err ? err : last_error();

@@ -133,15 +133,15 @@ void colsum(const Tensor& tile, int64_t n_rows, Tensor& partial, Tensor& out, bo
   TORCH_CHECK(err == nullptr, kOp, " colsum: ", err);
 }
 
-// dst = the first dst.numel() elements of src (float32 or dst's dtype), both contiguous.
-void cast(const Tensor& src, Tensor& dst) {
+// dst = (accumulate: dst +) the first dst.numel() elements of src (float32 or dst's dtype), both contiguous.
+void cast(const Tensor& src, Tensor& dst, bool accumulate) {
   TORCH_CHECK(src.is_cuda() && dst.device() == src.device() && src.is_contiguous() && dst.is_contiguous() &&
               src.numel() >= dst.numel(), kOp, ": cast needs contiguous CUDA tensors, src at least as large");
   TORCH_CHECK(src.scalar_type() == at::kFloat || src.scalar_type() == dst.scalar_type(), kOp,
               ": cast from float32 or the same dtype only");
   c10::DeviceGuard guard(dst.device());
   const char* err = rlkernel::linear_logp_cast(src.data_ptr(), src.scalar_type() == at::kFloat, dst.data_ptr(),
-                                               rlkernel::elem_type_of(dst, kOp), dst.numel(),
+                                               rlkernel::elem_type_of(dst, kOp), dst.numel(), accumulate,
                                                rlkernel::current_cuda_stream(dst.device().index()));
   TORCH_CHECK(err == nullptr, kOp, " cast: ", err);
 }
@@ -169,7 +169,7 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("linear_logp_grad_tile(Tensor(a!) tile, Tensor token_ids, Tensor stats, Tensor? grad_logp, "
         "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index) -> ()");
   m.def("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()");
-  m.def("linear_logp_cast(Tensor src, Tensor(a!) dst) -> ()");
+  m.def("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()");
   m.def("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()");
 }
 

@@ -158,7 +158,7 @@ def test_forward_and_gradients_match_float64(fused, n, h, v, dtype, temperature,
     u = UNIT[dtype]
     h64, w64 = hidden.double(), weight.double()
     chunks, blocks = math.ceil(v / cols), math.ceil(n / block)
-    acc32 = fused._accumulates_in_fp32(hidden.device, dtype)
+    acc32 = fused.dh_accumulation(hidden.device, dtype) != "dtype"
     k_h = 2 + (0 if acc32 else chunks)  # rounding of G, of the output, and of each partial dH sum without fp32
     tol_h = ((k_h * u + v * 2.0 ** -24) * (G.abs() @ w64.abs()) + 1e-5 * (size @ w64.abs())
              + u * (G @ w64).abs() + 1e-30)

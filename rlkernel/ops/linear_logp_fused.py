@@ -9,7 +9,7 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   last chunk writes logp, entropy and the stats (r, log2 s) and reports bad ids to the device error record.
 - Backward, per (block, chunk): the GEMM again (recompute), ``rlkernel_linear_logp_grad_kernel`` turns the tile in
   place into the logits' gradient, then ``dW[chunk] (+)= G^T @ H_block`` and ``dH_block (+)= G @ W[chunk]`` (a float32
-  accumulator when cuBLAS can add into one: ``aten::addmm.dtype_out``), the bias gradient by the deterministic
+  accumulator where aten's cuBLAS calls allow: ``dh_accumulation``), the bias gradient by the deterministic
   column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
@@ -38,7 +38,7 @@ BI_COLS = 16384  # vocabulary columns per chunk with batch_invariant=True
 _COL_ALIGN = 256
 
 _override: tuple[int, int] | None = None  # (block rows, chunk columns) forced by tests (``chunking``)
-_fp32_accumulate: dict[tuple, bool] = {}  # (device, dtype) -> cuBLAS adds into a float32 accumulator
+_dh_modes: dict[tuple, str] = {}  # (device index, dtype) -> how dH is summed over chunks (dh_accumulation)
 
 
 @contextlib.contextmanager
@@ -69,25 +69,32 @@ def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple
     return rows, min(cols, half, vocab)
 
 
-def _accumulates_in_fp32(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether cuBLAS (through aten) can add a 16-bit product into a float32 accumulator (``addmm.dtype_out`` with a
-    float32 ``self``; torch versions differ). Tried once per device and dtype on 2 x 2 tensors: no values read, and
-    nothing but the GEMMs themselves launched (unfilled inputs), so the op range it runs in stays GEMMs + ours."""
+def dh_accumulation(device: torch.device, dtype: torch.dtype) -> str:
+    """How the backward sums the hidden-state gradient over vocabulary chunks, by what aten's cuBLAS calls allow
+    (torch versions differ): "addmm" (a float32 accumulator that cuBLAS adds into: ``addmm.dtype_out``), "mm+add"
+    (each chunk's float32 product by ``mm.dtype_out``, added by our cast kernel: one more float32 [rows, H]
+    buffer), "dtype" (summed in the inputs' dtype, rounded once per chunk). float32 inputs: "addmm". Tried once per
+    device and dtype on 2 x 2 tensors: no values read, and nothing but the GEMMs launched (unfilled inputs), so the
+    op range it runs in stays GEMMs + ours."""
     if dtype == torch.float32:
-        return True
+        return "addmm"
     key = (device.index, dtype)
-    ok = _fp32_accumulate.get(key)
-    if ok is None:
+    mode = _dh_modes.get(key)
+    if mode is None:
         a = torch.empty(2, 2, dtype=dtype, device=device)
         acc = torch.empty(2, 2, dtype=torch.float32, device=device)
+        errors_ = (RuntimeError, TypeError, NotImplementedError)
         try:
             torch.ops.aten.mm.dtype_out(a, a, torch.float32, out=acc)
-            torch.ops.aten.addmm.dtype_out(acc, a, a, torch.float32, out=acc)
-            ok = True
-        except (RuntimeError, TypeError, NotImplementedError):
-            ok = False
-        _fp32_accumulate[key] = ok
-    return ok
+            try:
+                torch.ops.aten.addmm.dtype_out(acc, a, a, torch.float32, out=acc)
+                mode = "addmm"
+            except errors_:
+                mode = "mm+add"
+        except errors_:
+            mode = "dtype"
+        _dh_modes[key] = mode
+    return mode
 
 
 def _logits_tile(h, weight, bias, c0, c1, out):
@@ -98,8 +105,9 @@ def _logits_tile(h, weight, bias, c0, c1, out):
         torch.mm(h, w, out=out)
 
 
-def _accumulate(acc, g, w, first: bool):
-    """acc (=|+=) g @ w; acc float32 (cuBLAS output type) or of g's dtype."""
+def _accumulate(acc, g, w, first: bool, tmp):
+    """acc (=|+=) g @ w; acc float32 (cuBLAS output type) or of g's dtype; ``tmp`` (float32, like acc): the
+    "mm+add" mode's product buffer, else None."""
     if acc.dtype == g.dtype:
         if first:
             torch.mm(g, w, out=acc)
@@ -107,8 +115,11 @@ def _accumulate(acc, g, w, first: bool):
             torch.addmm(acc, g, w, out=acc)
     elif first:
         torch.ops.aten.mm.dtype_out(g, w, acc.dtype, out=acc)
-    else:
+    elif tmp is None:
         torch.ops.aten.addmm.dtype_out(acc, g, w, acc.dtype, out=acc)
+    else:
+        torch.ops.aten.mm.dtype_out(g, w, acc.dtype, out=tmp)
+        torch.ops.rlkernel.linear_logp_cast(tmp, acc, True)
 
 
 def _blocks(n, block):
@@ -173,10 +184,12 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     db = torch.empty(vocab, dtype=dtype, device=dev) if need_b else None
     tile_buf = torch.empty(m * cols, dtype=dtype, device=dev)
     packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
-    acc = None
+    acc = tmp = None
     if need_h:
-        acc_dtype = torch.float32 if _accumulates_in_fp32(dev, dtype) else dtype
-        acc = torch.empty(m, hsize, dtype=acc_dtype, device=dev)
+        mode = dh_accumulation(dev, dtype)
+        acc = torch.empty(m, hsize, dtype=dtype if mode == "dtype" else torch.float32, device=dev)
+        if mode == "mm+add" and cols < vocab:
+            tmp = torch.empty(m, hsize, dtype=torch.float32, device=dev)
     db32 = partial = None
     if need_b:
         db32 = torch.empty(vocab, dtype=torch.float32, device=dev)
@@ -200,7 +213,8 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
             if need_b:
                 torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
             if need_h:
-                _accumulate(acc[: h.shape[0]], tile, weight[c0:c1], c0 == 0)
+                _accumulate(acc[: h.shape[0]], tile, weight[c0:c1], c0 == 0,
+                            None if tmp is None else tmp[: h.shape[0]])
         if need_h:
             torch.ops.rlkernel.linear_logp_cast(acc, dh[r0:r1])
     if need_b:

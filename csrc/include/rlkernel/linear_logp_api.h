@@ -59,9 +59,10 @@ const char* linear_logp_grad(const LinearGradArgs& args);
 int64_t linear_logp_colsum_blocks(int64_t n_rows);
 const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_rows, int64_t cols, ElemType dtype,
                                float* partial, float* out, bool accumulate, void* stream);
-// dst[i] = src[i], i < n; src float32 or of dtype dst_dtype (src_is_float says which).
+// dst[i] = src[i] (accumulate: dst[i] += src[i]), i < n; src float32 or of dtype dst_dtype (src_is_float says
+// which).
 const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, ElemType dst_dtype, int64_t n,
-                             void* stream);
+                             bool accumulate, void* stream);
 // dst [dst_rows, cols] = src rows (row stride src_stride) then zero rows.
 const char* linear_logp_pack(const void* src, int64_t src_stride, int64_t rows, int64_t cols, ElemType dtype,
                              void* dst, int64_t dst_rows, void* stream);

@@ -202,12 +202,16 @@ template <typename S> __device__ __forceinline__ float to_float_any(S v) {
   }
 }
 
-// dst[i] = src[i] for i < n (S -> D, round to nearest even); both contiguous.
+// dst[i] = src[i] for i < n (S -> D, round to nearest even); both contiguous. accumulate: dst[i] += src[i] (in
+// float32, then rounded to D).
 template <typename S, typename D>
-__global__ void rlkernel_linear_logp_cast_kernel(const S* __restrict__ src, D* __restrict__ dst, long long n) {
+__global__ void rlkernel_linear_logp_cast_kernel(const S* __restrict__ src, D* __restrict__ dst, long long n,
+                                                 bool accumulate) {
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if constexpr (std::is_same_v<S, D>) {
+    if (accumulate) {
+      dst[i] = from_float<D>(to_float_any<D>(dst[i]) + to_float_any<S>(src[i]));
+    } else if constexpr (std::is_same_v<S, D>) {
       dst[i] = src[i];
     } else {
       dst[i] = from_float<D>(to_float_any<S>(src[i]));
