@@ -181,7 +181,8 @@ def test_all_negative_and_extreme_logits(fused, shift, scale):
     if shift:
         assert float(x.max()) < -2000
     rlp, rent, tol_lp, tol_ent, _ = reference(x, ids, 1.0)
-    assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and bool((lp <= 0).all())
+    # never a positive log-prob (verl #2656) beyond the float32 rounding of ex2.approx / log2 near p = 1
+    assert torch.isfinite(lp).all() and torch.isfinite(ent).all() and bool((lp <= 1e-6).all())
     assert_within(lp, rlp, tol_lp, "logp")
     assert_within(ent, rent, tol_ent, "entropy")
 
