@@ -160,6 +160,18 @@ const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, Elem
   return err ? err : last_error();
 }
 
+const char* linear_logp_bias_rows(const void* bias, void* dst, int64_t rows, int64_t cols, ElemType dtype,
+                                  void* stream_ptr) {
+  if (rows * cols == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const char* err = with_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rlkernel_linear_logp_bias_rows_kernel<T><<<elementwise_grid(rows * cols), 256, 0, stream>>>(
+        static_cast<const T*>(bias), static_cast<T*>(dst), rows, cols);
+  });
+  return err ? err : last_error();
+}
+
 const char* linear_logp_pack(const void* src, int64_t src_stride, int64_t rows, int64_t cols, ElemType dtype,
                              void* dst, int64_t dst_rows, void* stream_ptr) {
   if (dst_rows * cols == 0) return nullptr;

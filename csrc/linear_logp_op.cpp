@@ -146,6 +146,18 @@ void cast(const Tensor& src, Tensor& dst, bool accumulate) {
   TORCH_CHECK(err == nullptr, kOp, " cast: ", err);
 }
 
+// tile [rows, cols] contiguous: every row = bias [cols] (contiguous, the tile's dtype).
+void bias_rows(const Tensor& bias, Tensor& tile) {
+  TORCH_CHECK(tile.is_cuda() && bias.device() == tile.device() && tile.dim() == 2 && tile.is_contiguous() &&
+              bias.dim() == 1 && bias.is_contiguous() && bias.size(0) == tile.size(1) &&
+              bias.scalar_type() == tile.scalar_type(), kOp, ": bias_rows needs bias [cols] and a contiguous tile");
+  c10::DeviceGuard guard(tile.device());
+  const char* err = rlkernel::linear_logp_bias_rows(bias.data_ptr(), tile.data_ptr(), tile.size(0), tile.size(1),
+                                                    rlkernel::elem_type_of(tile, kOp),
+                                                    rlkernel::current_cuda_stream(tile.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " bias_rows: ", err);
+}
+
 // dst [R, H] contiguous = src [rows <= R, H] (any row stride, contiguous last dim), then zero rows.
 void pack(const Tensor& src, Tensor& dst) {
   TORCH_CHECK(src.is_cuda() && dst.device() == src.device() && src.dim() == 2 && dst.dim() == 2 &&
@@ -171,6 +183,7 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()");
   m.def("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()");
   m.def("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()");
+  m.def("linear_logp_bias_rows(Tensor bias, Tensor(a!) tile) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
@@ -179,4 +192,5 @@ TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
   m.impl("linear_logp_colsum", &colsum);
   m.impl("linear_logp_cast", &cast);
   m.impl("linear_logp_pack", &pack);
+  m.impl("linear_logp_bias_rows", &bias_rows);
 }

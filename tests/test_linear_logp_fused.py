@@ -172,6 +172,14 @@ def test_forward_and_gradients_match_float64(fused, n, h, v, dtype, temperature,
     assert torch.all(leaves[0].grad[ids == IGNORE] == 0)
 
 
+@pytest.mark.parametrize("case", [1, 2])
+def test_bias_added_by_our_kernel_and_a_beta_1_gemm(fused, monkeypatch, case):
+    """The bias path that does not rely on cuBLASLt's epilogue (BIAS_EPILOGUE = False), on the bias cases above."""
+    monkeypatch.setattr(fused, "BIAS_EPILOGUE", False)
+    assert CASES[case][6], "a case with a bias"
+    test_forward_and_gradients_match_float64(fused, *CASES[case])
+
+
 @pytest.mark.parametrize("shift,scale", [(-3e3, 1.0), (0.0, 3e3)], ids=["all-negative", "extreme"])
 def test_all_negative_and_extreme_logits(fused, shift, scale):
     hidden, weight, b, ids = make(40, 32, 3001, torch.float32, scale=scale, shift=shift, seed=4)

@@ -37,6 +37,10 @@ BI_ROWS = 4096  # rows per GEMM with batch_invariant=True (fewer rows are padded
 BI_COLS = 16384  # vocabulary columns per chunk with batch_invariant=True
 _COL_ALIGN = 256
 
+# The bias: in cuBLASLt's epilogue through torch.addmm(bias, ...) (True), or written into the tile by
+# rlkernel_linear_logp_bias_rows_kernel and added by a beta = 1 GEMM (False: one more write and read of each tile, and
+# no copy kernel of torch's in the op range should its addmm not take the epilogue path).
+BIAS_EPILOGUE = True
 _override: tuple[int, int] | None = None  # (block rows, chunk columns) forced by tests (``chunking``)
 _dh_modes: dict[tuple, str] = {}  # (device index, dtype) -> how dH is summed over chunks (dh_accumulation)
 
@@ -99,8 +103,11 @@ def dh_accumulation(device: torch.device, dtype: torch.dtype) -> str:
 
 def _logits_tile(h, weight, bias, c0, c1, out):
     w = weight[c0:c1].t()  # [H, cols]: a transposed view, cuBLAS reads it as is
-    if bias is not None:
+    if bias is not None and BIAS_EPILOGUE:
         torch.addmm(bias[c0:c1], h, w, out=out)
+    elif bias is not None:
+        torch.ops.rlkernel.linear_logp_bias_rows(bias[c0:c1], out)
+        torch.addmm(out, h, w, out=out)
     else:
         torch.mm(h, w, out=out)
 

@@ -63,6 +63,9 @@ const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_r
 // which).
 const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, ElemType dst_dtype, int64_t n,
                              bool accumulate, void* stream);
+// dst [rows, cols] contiguous: every row = bias [cols].
+const char* linear_logp_bias_rows(const void* bias, void* dst, int64_t rows, int64_t cols, ElemType dtype,
+                                  void* stream);
 // dst [dst_rows, cols] = src rows (row stride src_stride) then zero rows.
 const char* linear_logp_pack(const void* src, int64_t src_stride, int64_t rows, int64_t cols, ElemType dtype,
                              void* dst, int64_t dst_rows, void* stream);

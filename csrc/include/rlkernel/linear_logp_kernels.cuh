@@ -219,6 +219,17 @@ __global__ void rlkernel_linear_logp_cast_kernel(const S* __restrict__ src, D* _
   }
 }
 
+// dst [rows, cols] contiguous: every row = bias [cols] (the C operand of a beta = 1 GEMM: logits with the bias).
+template <typename T>
+__global__ void rlkernel_linear_logp_bias_rows_kernel(const T* __restrict__ bias, T* __restrict__ dst, long long rows,
+                                                      long long cols) {
+  const long long n = rows * cols;
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    dst[i] = bias[i % cols];
+  }
+}
+
 // dst [dst_rows, cols] contiguous = src rows 0 .. rows-1 (row stride src_stride), zeros below.
 template <typename T>
 __global__ void rlkernel_linear_logp_pack_kernel(const T* __restrict__ src, long long src_stride, long long rows,
