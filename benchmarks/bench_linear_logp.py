@@ -204,10 +204,14 @@ def _list_kernels(case):
 
     c = case
     bias = (torch.randn(c.v, device="cuda") * 0.1).to(c.dtype).requires_grad_(True)
-    for bi, b in ((False, None), (True, None), (False, bias)):
+    from rlkernel.ops import linear_logp_fused
+
+    for bi, b, epilogue in ((False, None, True), (True, None, True), (False, bias, True), (False, bias, False)):
+        linear_logp_fused.BIAS_EPILOGUE = epilogue
         c.zero_grads()
         rlkernel.linear_logp(c.hidden, c.weight, c.ids, bias=b, batch_invariant=bi).sum().backward()  # warm-up
         c.zero_grads()
+        bias.grad = None  # no accumulation kernel of autograd's in the listing
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, bias=b, return_entropy=True,
@@ -215,10 +219,11 @@ def _list_kernels(case):
             torch.autograd.backward([lp, ent], [c.gl, c.gh])
             torch.cuda.synchronize()
         names = sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
-        print(f"kernels of one fused forward+backward (batch_invariant={bi}, bias={b is not None}), "
-              f"{c.n}x{c.h}x{c.v} {c.dtype}:")
+        print(f"kernels of one fused forward+backward (batch_invariant={bi}, bias={b is not None}"
+              f"{'' if b is None else f', BIAS_EPILOGUE={epilogue}'}), {c.n}x{c.h}x{c.v} {c.dtype}:")
         for name in names:
             print("   ", name[:160])
+    linear_logp_fused.BIAS_EPILOGUE = True
 
 
 def main(argv=None) -> int:
