@@ -350,3 +350,16 @@ def test_empty_input_gives_empty_output_and_zero_gradients(fused):
     assert lp.shape == ent.shape == (0,)
     (lp.sum() + ent.sum()).backward()
     assert torch.equal(w.grad, torch.zeros_like(w)) and torch.equal(bias.grad, torch.zeros_like(bias))
+
+
+@pytest.mark.parametrize("name", ["linear-logp-fused", "linear-logp-fused-bwd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_registry_workloads_run_fused_and_check_clean(fused, name, dtype):
+    from rlkernel import workloads
+
+    w = workloads.get(name)
+    inputs = w.make_inputs(workloads.Shape(2, 64, 5003, hidden_size=256), dtype, "cuda", seed=0)
+    with dispatch.recording() as rec:
+        w.repetition(inputs)
+    assert rec.statuses() == {"fused"} and {r.op for r, _ in rec.records} == set(w.fused_ops)
+    assert w.check(inputs) is None
