@@ -254,6 +254,32 @@ def test_batch_invariant_rows_are_bitwise_the_same(fused, chunk, backend):
             assert torch.equal(gx[pos:pos + 1], one[2]), (n, pos)
 
 
+def test_batch_invariant_at_a_model_width(fused):
+    """The same at H = 4096 with more than one vocabulary chunk: GEMM shapes where cuBLAS picks its production
+    kernels (a kernel whose split of K depended on the output tile would show here)."""
+    h, v = 4096, 20000
+    g = torch.Generator(device="cuda").manual_seed(21)
+    hidden = torch.randn(4200, h, device="cuda", generator=g).bfloat16()
+    weight = (torch.randn(v, h, device="cuda", generator=g) / 32).bfloat16()
+    ids = torch.randint(0, v, (4200,), device="cuda", generator=g)
+
+    def run(rows):
+        x = hidden[rows].clone().requires_grad_(True)
+        lp, ent = rlkernel.linear_logp(x, weight, ids[rows], return_entropy=True, batch_invariant=True,
+                                       backend="fused")
+        (0.7 * lp.sum() + 0.3 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), x.grad
+
+    one = run(torch.tensor([3], device="cuda"))
+    for n, pos in ((4097, 4096), (4200, 3), (2000, 1999), (4096, 2500)):
+        rows = torch.arange(n, device="cuda")
+        rows = torch.where(rows == pos, 3, torch.where(rows == 3, pos, rows))
+        lp, ent, gx = run(rows)
+        assert torch.equal(lp[pos:pos + 1], one[0]), ("logp", n, pos)
+        assert torch.equal(ent[pos:pos + 1], one[1]), ("entropy", n, pos)
+        assert torch.equal(gx[pos:pos + 1], one[2]), ("hidden grad", n, pos)
+
+
 def _warm(fn):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
