@@ -13,8 +13,8 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
-  has the same problem shape and layout, and a row's reductions run in a fixed order, so its results do not depend
-  on N or on where it sits.
+  has the same problem shape and layout, 16-bit GEMMs run without cuBLAS split-K (``_no_split_k``), and a row's
+  reductions run in a fixed order, so its results do not depend on N or on where it sits.
 
 Everything runs inside one NVTX range per call (``op.linear_logp.forward`` / ``.backward``), opened here: cuBLAS
 GEMM kernels and ``rlkernel_*`` kernels only. No host sync: bad ids go to the device error record.
@@ -101,6 +101,33 @@ def dh_accumulation(device: torch.device, dtype: torch.dtype) -> str:
     return mode
 
 
+_SPLIT_K_FLAGS = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
+                  torch.float16: "allow_fp16_reduced_precision_reduction"}
+
+
+@contextlib.contextmanager
+def _no_split_k(dtype: torch.dtype, batch_invariant: bool):
+    """With batch_invariant: cuBLAS GEMMs without split-K / stream-K reductions, whose split of K could differ between
+    the output tiles a row may fall in (torch's (allow_reduced_precision, allow_splitk) = (False, False) for 16-bit
+    GEMMs, restored after the call; where this torch lacks the pair, nothing changes). Process-wide while it lasts."""
+    attr = _SPLIT_K_FLAGS.get(dtype) if batch_invariant else None
+    if attr is None:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    old = (getattr(matmul, attr), getattr(matmul, attr + "_split_k", True))
+    try:
+        setattr(matmul, attr, (False, False))
+        changed = True
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        changed = False
+    try:
+        yield
+    finally:
+        if changed:
+            setattr(matmul, attr, old)
+
+
 def _logits_tile(h, weight, bias, c0, c1, out):
     w = weight[c0:c1].t()  # [H, cols]: a transposed view, cuBLAS reads it as is
     if bias is not None and BIAS_EPILOGUE:
@@ -163,15 +190,17 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
     state = torch.empty(min(block, n) * 4, **f32)
     packed = torch.empty(block, hsize, dtype=rows2d.dtype, device=dev) if batch_invariant else None
     address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
-    for r0, r1 in _blocks(n, block):
-        h = _block_hidden(rows2d, r0, r1, packed)
-        rows = r1 - r0
-        for c0, c1 in _chunks(vocab, cols):
-            tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
-            _logits_tile(h, weight, bias, c0, c1, tile)
-            torch.ops.rlkernel.linear_logp_fold(
-                tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1], entropy[r0:r1] if return_entropy else entropy,
-                stats[r0:r1], c0, vocab, temperature, ignore_index, c0 == 0, c1 == vocab, r0, address, seq)
+    with _no_split_k(rows2d.dtype, batch_invariant):
+        for r0, r1 in _blocks(n, block):
+            h = _block_hidden(rows2d, r0, r1, packed)
+            rows = r1 - r0
+            for c0, c1 in _chunks(vocab, cols):
+                tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
+                _logits_tile(h, weight, bias, c0, c1, tile)
+                torch.ops.rlkernel.linear_logp_fold(
+                    tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1],
+                    entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab, temperature, ignore_index,
+                    c0 == 0, c1 == vocab, r0, address, seq)
     errors.after_call(dev, sync)
     return logp, entropy, stats
 
@@ -251,7 +280,7 @@ class _FusedLinearLogp(torch.autograd.Function):
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
             return (None, None, None) + none
-        with op_range("op.linear_logp.backward"):
+        with op_range("op.linear_logp.backward"), _no_split_k(rows2d.dtype, ctx.batch_invariant):
             dh, dw, db = _backward(
                 rows2d, weight, bias, ids, stats, entropy, _row_grad(grad_logp), _row_grad(grad_entropy),
                 ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None)
