@@ -17,6 +17,7 @@ import time
 import pandas as pd
 
 from pipelines import ncu_csv, sql, trace_db
+from rlkernel import op_kernels  # torch-free data: each op's helper kernel globs
 
 DEFAULT_PATTERNS = ("rlkernel_*",)
 
@@ -30,7 +31,7 @@ COLUMNS = {
     "range_kernels": ["range", "style", "kernel", "kernel_short", "kernel_instances", "total_ns", "avg_ns",
                       "med_ns", "min_ns", "max_ns", "stddev_ns"],
     "dispatch": ["level", "range", "instance", "start_ns", "verdict", "fused_kernels", "other_kernels",
-                 "proj_gpu_ns", *GPU_TIME],
+                 "helper_kernels", "proj_gpu_ns", *GPU_TIME],
     "gaps": ["pid", "device_id", "start_ns", "end_ns", "gap_ns"],
     "utilization": ["pid", "device_id", "start_ns", "dur_ns", "in_use_pct", "busy_pct"],
     "repetition_gaps": ["workload", "instance", "gap_rank", "gap_start_ns", "gap_ns", "host_calls", "host_syncs",
@@ -178,6 +179,12 @@ def fused_patterns(manifest: dict | None, known: dict[str, dict], present: set[s
     return sorted(set(pats)) or list(DEFAULT_PATTERNS)
 
 
+def helper_globs() -> list[tuple[str, str]]:
+    """(op, glob): the kernels other than the fused patterns' that an op's fused range may run (its cuBLAS GEMMs),
+    declared once in rlkernel/op_kernels.py (docs/contracts.md, section 3)."""
+    return op_kernels.helper_rows()
+
+
 def load_ncu(con, path: pathlib.Path | None) -> None:
     con.execute("CREATE OR REPLACE TEMP TABLE ncu_metrics (range VARCHAR, instance BIGINT, kernel VARCHAR, "
                 "launch BIGINT, metric VARCHAR, unit VARCHAR, value DOUBLE)")
@@ -226,6 +233,8 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None) 
     if specs:
         c.executemany("INSERT INTO workload_spec VALUES (?, ?, ?, ?)", [list(s) for s in specs])
     pats = fused_patterns(src.manifest, known, {s[1] for s in specs}, list(patterns))
+    c.execute("CREATE OR REPLACE TEMP TABLE op_helper_globs (op VARCHAR, pat VARCHAR)")
+    c.executemany("INSERT INTO op_helper_globs VALUES (?, ?)", [list(r) for r in helper_globs()])
 
     questions = ("kernel_summary", "range_summary", "range_kernels", "verdicts", "workload_summary")
     tables = {}

@@ -2,11 +2,15 @@
 -- Judged per range instance, with its GPU time (stage_range_instances.sql). Op ranges are `rlkernel:op.<op>`; workload ranges are those listed in the temp
 -- table workload_spec(range, name, fused_ops, expects_fused), built from the registry, the run manifest and
 -- --range. Parameters: $patterns (kernel-name globs that prove the fused path, matched against the short and
--- the demangled name) and $native_ops (ops whose dispatch records say they ran native on purpose).
+-- the demangled name) and $native_ops (ops whose dispatch records say they ran native on purpose). The temp table
+-- op_helper_globs(op, pat) holds each op's helper kernels (rlkernel/op_kernels.py: the cuBLAS GEMMs of
+-- linear_logp); a kernel counts as a helper only inside a range of that op, never in another op's or a workload's.
 --
--- op range: no kernels -> no-gpu-work; all kernels fused -> fused; some -> mixed; none -> native when the op
---   ran native on purpose (its workload does not list it in fused_ops; outside any workload: $native_ops),
---   else fallback.
+-- op range: no kernels -> no-gpu-work; at least one fused kernel and every other kernel one of the op's helpers
+--   -> fused; fused and other kernels -> mixed; no fused kernel (helpers alone included: a GEMM is not the
+--   fused path) -> native when the op ran native on purpose (its workload does not list it in fused_ops;
+--   outside any workload: $native_ops), else fallback. other_kernels of an op row leaves its helpers out
+--   (helper_kernels counts them).
 -- workload range with op ranges: from its fused_ops' op ranges (all fused -> fused, any fallback ->
 --   fallback, else mixed; none of them -> no-gpu-work); a workload without fused_ops -> native. Other kernels
 --   (a training step's GEMMs) and other ops (a sampler native on purpose) do not count.
@@ -18,25 +22,43 @@ fused_names AS (
     CROSS JOIN unnest(CAST($patterns AS VARCHAR[])) AS p(pat)
     GROUP BY g.kernel
 ),
+helper_names AS (
+    -- (op, kernel) for each kernel name one of the op's helper globs matches (a small table: names x globs)
+    SELECT DISTINCT h.op, g.kernel
+    FROM (SELECT DISTINCT kernel, kernel_short FROM gpu_ops WHERE kind = 'kernel') AS g
+    JOIN op_helper_globs AS h ON g.kernel_short GLOB h.pat OR g.kernel GLOB h.pat
+),
+helper_ranges AS (
+    -- the op ranges of ops that have helpers
+    SELECT r.range_id, substr(r.message, 4) AS op
+    FROM ranges AS r
+    WHERE r.domain = 'rlkernel' AND r.message LIKE 'op.%'
+      AND substr(r.message, 4) IN (SELECT op FROM op_helper_globs)
+),
 inst_kernels AS (
     SELECT ro.range_id,
            count(*) FILTER (WHERE coalesce(f.fused, false)) AS fused_kernels,
-           count(*) FILTER (WHERE NOT coalesce(f.fused, false)) AS other_kernels
+           count(*) FILTER (WHERE NOT coalesce(f.fused, false)) AS unfused_kernels,
+           count(*) FILTER (WHERE NOT coalesce(f.fused, false) AND h.kernel IS NOT NULL) AS helper_kernels
     FROM range_ops AS ro
     JOIN gpu_ops AS o ON o.op_id = ro.op_id AND o.kind = 'kernel'
     LEFT JOIN fused_names AS f ON f.kernel = o.kernel
+    LEFT JOIN helper_ranges AS hr ON hr.range_id = ro.range_id
+    LEFT JOIN helper_names AS h ON h.op = hr.op AND h.kernel = o.kernel
     GROUP BY ro.range_id
 ),
 wl AS (
     SELECT i.*, w.name AS workload, w.fused_ops, w.expects_fused,
-           coalesce(k.fused_kernels, 0) AS fused_kernels, coalesce(k.other_kernels, 0) AS other_kernels
+           coalesce(k.fused_kernels, 0) AS fused_kernels, coalesce(k.unfused_kernels, 0) AS other_kernels
     FROM range_instances AS i
     JOIN workload_spec AS w ON w.range = i.range
     LEFT JOIN inst_kernels AS k ON k.range_id = i.range_id
 ),
 ops AS (
     SELECT i.*, substr(i.message, 4) AS op,
-           coalesce(k.fused_kernels, 0) AS fused_kernels, coalesce(k.other_kernels, 0) AS other_kernels
+           coalesce(k.fused_kernels, 0) AS fused_kernels,
+           coalesce(k.unfused_kernels - k.helper_kernels, 0) AS other_kernels,
+           coalesce(k.helper_kernels, 0) AS helper_kernels
     FROM range_instances AS i
     LEFT JOIN inst_kernels AS k ON k.range_id = i.range_id
     WHERE i.domain = 'rlkernel' AND i.message LIKE 'op.%'
@@ -54,8 +76,8 @@ op_verdicts AS (
     SELECT o.*, x.wl_range_id,
            x.wl_range_id IS NOT NULL AND list_contains(x.fused_ops, o.op) AS required_fused,
            CASE
-               WHEN o.fused_kernels + o.other_kernels = 0 THEN 'no-gpu-work'
-               WHEN o.other_kernels = 0 THEN 'fused'
+               WHEN o.fused_kernels + o.other_kernels + o.helper_kernels = 0 THEN 'no-gpu-work'
+               WHEN o.fused_kernels > 0 AND o.other_kernels = 0 THEN 'fused'
                WHEN o.fused_kernels > 0 THEN 'mixed'
                WHEN x.wl_range_id IS NOT NULL AND NOT list_contains(x.fused_ops, o.op) THEN 'native'
                WHEN x.wl_range_id IS NULL AND list_contains(CAST($native_ops AS VARCHAR[]), o.op) THEN 'native'
@@ -96,12 +118,12 @@ wl_verdicts AS (
     LEFT JOIN wl_ops AS c ON c.wl_range_id = w.range_id
 )
 SELECT 'workload' AS level, range, instance, start AS start_ns, verdict, fused_kernels, other_kernels,
-       proj_ns AS proj_gpu_ns, kernel_ns, gpu_busy_ns, gpu_idle_ns, host_syncs, dtoh_copies, "end" AS end_ns,
+       0::BIGINT AS helper_kernels, proj_ns AS proj_gpu_ns, kernel_ns, gpu_busy_ns, gpu_idle_ns, host_syncs, dtoh_copies, "end" AS end_ns,
        range_id, workload, expects_fused AS required_fused, NULL::VARCHAR AS in_workload,
        NULL::BIGINT AS in_workload_instance
 FROM wl_verdicts
 UNION ALL
-SELECT 'op', o.range, o.instance, o.start, o.verdict, o.fused_kernels, o.other_kernels, o.proj_ns,
+SELECT 'op', o.range, o.instance, o.start, o.verdict, o.fused_kernels, o.other_kernels, o.helper_kernels, o.proj_ns,
        o.kernel_ns, o.gpu_busy_ns, o.gpu_idle_ns, o.host_syncs, o.dtoh_copies, o."end", o.range_id,
        NULL, o.required_fused, w.range, w.instance
 FROM op_verdicts AS o

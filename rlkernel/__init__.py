@@ -7,9 +7,12 @@ Every op call leaves a dispatch record saying which path ran (see ``rlkernel.dis
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable", "FallbackWarning", "__version__"]
+__all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
+           "FallbackWarning", "linear_logp_loss", "__version__"]
 
-_LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "sample": ("rlkernel.ops.sampling", "sample"),
+_LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
+         "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
+         "sample": ("rlkernel.ops.sampling", "sample"),
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),
          "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
          "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning")}

@@ -62,7 +62,8 @@ def _has_op(name: str) -> bool:
     import torch
 
     ns = torch.ops.rlkernel
-    prefixes = {"logp": "logp_forward", "sample": "sample"}
+    prefixes = {"logp": "logp_forward", "sample": "sample", "linear_logp": "linear_logp_fold",
+                "linear_logp_loss": "logp_forward"}  # the loss runs the logp kernels between cuBLAS GEMMs
     try:
         getattr(ns, prefixes.get(name, name))
     except (AttributeError, RuntimeError):

@@ -17,7 +17,8 @@ import torch
 from rlkernel import envflags
 from rlkernel.traced import constant_when_traced
 
-OPS = ("logp.forward", "logp.backward", "sample")
+OPS = ("logp.forward", "logp.backward", "sample", "linear_logp.forward", "linear_logp.backward",
+       "linear_logp_loss")
 BACKENDS = ("auto", "fused", "native")
 STATUSES = ("native", "fused", "fallback", "blocked")
 _SEVERITY = {"native": 0, "fused": 1, "fallback": 2, "blocked": 3}

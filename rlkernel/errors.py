@@ -32,7 +32,7 @@ _SEQ_LIMIT = 1 << 31  # the kernels keep 31 bits of the sequence number (key = s
 
 _records: dict[int, torch.Tensor] = {}  # device index -> the record
 _addresses: dict[int, int] = {}  # device index -> its data_ptr (read while torch.compile traces: a plain int)
-_ring: list = [None] * RING  # seq % RING -> (seq, op, shape, vocab)
+_ring: list = [None] * RING  # seq % RING -> (seq, op, shape, vocab, offset)
 _counter = itertools.count(1)
 _lock = threading.Lock()
 
@@ -88,9 +88,10 @@ def _make_record(device: torch.device) -> torch.Tensor:
     return _fresh_record(device)
 
 
-def begin(op: str, device: torch.device, shape, vocab: int) -> tuple[int, int, bool]:
+def begin(op: str, device: torch.device, shape, vocab: int, offset: int = 0) -> tuple[int, int, bool]:
     """(record address, sequence number, raise after the call) for one op call on a CUDA device; address 0 reports
-    nothing (RLKERNEL_VALIDATE=0). The environment is read once per call, here."""
+    nothing (RLKERNEL_VALIDATE=0). The environment is read once per call, here. ``offset``: the flat position in
+    ``shape`` of the kernel's first row (a chunked op registers each chunk, so positions name the whole call)."""
     if torch.compiler.is_compiling():
         if _mode_for_trace() == "0":
             return 0, 0, False
@@ -102,7 +103,7 @@ def begin(op: str, device: torch.device, shape, vocab: int) -> tuple[int, int, b
     if address is None:  # the first call on this device (or a device given without its index)
         address = record(device).data_ptr()
     seq = next(_counter) % (_SEQ_LIMIT - 1) + 1  # 1 .. 2^31 - 1: 0 belongs to compiled calls
-    _ring[seq % RING] = (seq, op, shape, vocab)  # shape: a torch.Size (immutable)
+    _ring[seq % RING] = (seq, op, shape, vocab, offset)  # shape: a torch.Size (immutable)
     return address, seq, mode == "sync"
 
 
@@ -145,8 +146,8 @@ def describe(key: int, op_code: int, value: int) -> Exception:
     seq, flat = key >> 32, key & 0xFFFFFFFF
     call = _ring[seq % RING] if seq != COMPILED_SEQ else None
     if call is not None and call[0] == seq:
-        _, op, shape, vocab = call
-        where, which = position_in(flat, shape), f"call #{seq}"
+        _, op, shape, vocab, *offset = call
+        where, which = position_in(flat + sum(offset), shape), f"call #{seq}"
     else:
         op = "sample" if op_code == ERR_SAMPLE_NO_DIST else "logp.forward"
         shape, vocab = None, None

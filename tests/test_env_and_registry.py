@@ -57,7 +57,7 @@ def test_physical_index_mapping():
 
 def test_registry_entries_and_fields():
     expected = {"logp-native", "logp-fused", "logp-native-bwd", "logp-fused-bwd", "sampling-native",
-                "sampling-fused"}
+                "sampling-fused", "linear-logp-native", "linear-logp-fused", "linear-logp-fused-bwd"}
     assert expected <= set(workloads.names())
     for name in workloads.names():
         w = workloads.get(name)
@@ -93,6 +93,53 @@ def test_fused_workloads_run_on_cpu_as_fallback_and_check_clean(name):
     with dispatch.recording() as rec:
         w.repetition(inputs)
     assert rec.statuses() == {"fallback"}
+
+
+@pytest.mark.parametrize("name", ["linear-logp-native", "linear-logp-fused", "linear-logp-fused-bwd"])
+def test_linear_logp_workloads_run_on_cpu_and_check_clean(name):
+    w = workloads.get(name)
+    shape = Shape(2, 3, 37, hidden_size=24)
+    inputs = w.make_inputs(shape, torch.float32, "cpu", seed=0)
+    assert inputs["hidden"].shape == (6, 24) and inputs["weight"].shape == (37, 24)
+    assert not torch.all(inputs["hidden"] == 0) and not torch.all(inputs["weight"] == 0)
+    assert w.check(inputs) is None
+    from rlkernel import dispatch
+
+    with dispatch.recording() as rec:
+        w.repetition(inputs)
+    ops = {r.op for r, _ in rec.records}
+    assert ops == ({"linear_logp.forward", "linear_logp.backward"} if w.has_backward else {"linear_logp.forward"})
+    assert rec.statuses() == ({"native"} if w.path == "native" else {"fallback"})
+    assert w.manifest_entry(shape, torch.float32, 1, 2)["shape"]["hidden_size"] == 24
+    if w.path == "fused":
+        assert workloads.fused_available(w, "cpu", torch.float32) == "tensor on cpu"
+        assert set(w.fused_ops) <= {"linear_logp.forward", "linear_logp.backward"}
+
+
+def test_linear_logp_check_catches_a_wrong_result(monkeypatch):
+    import rlkernel
+
+    w = workloads.get("linear-logp-fused")
+    inputs = w.make_inputs(Shape(2, 3, 37, hidden_size=24), torch.float32, "cpu", seed=1)
+    real = rlkernel.linear_logp
+
+    def off(*args, backend="auto", **kw):  # the "fused" side one nat off, the native reference untouched
+        lp, ent = real(*args, backend=backend, **kw)
+        return (lp - 1.0, ent) if backend == "auto" else (lp, ent)
+
+    monkeypatch.setattr(rlkernel, "linear_logp", off)
+    assert "linear_logp: max |fused - native|" in w.check(inputs)
+
+
+def test_linear_logp_bytes_and_flops():
+    s = Shape(4, 8, 1000, hidden_size=64)
+    fwd, bwd = workloads.get("linear-logp-native"), workloads.get("linear-logp-fused-bwd")
+    assert fwd.flops(s, torch.bfloat16) == 2 * 32 * 64 * 1000 + 5 * 32 * 1000
+    assert bwd.flops(s, torch.bfloat16) == 8 * 32 * 64 * 1000 + 10 * 32 * 1000
+    assert fwd.bytes_moved(s, torch.bfloat16) == (32 + 1000) * 64 * 2 + 32 * 16
+    assert Shape(4, 8, 1000).hidden_size == 1024
+    assert workloads.get("sampling-native").effective_shape(s).hidden_size == 64
+    assert fwd.shape_error(Shape(1, 1, 10, hidden_size=0))
 
 
 def test_bytes_and_sampling_shape():

@@ -25,7 +25,7 @@ COLUMNS = (
 STATUSES = ("pass", "blocked", "oom", "fail")
 SMOKE_NOTE = "repeat 1: a single run is a smoke check, not a benchmark"
 # ops that take no top-k/top-p: their rows leave those columns empty instead of echoing unused flags
-_NO_FILTER_OPS = ("logp", "logp+backward")
+_NO_FILTER_OPS = ("logp", "logp+backward", "linear_logp", "linear_logp+backward")
 
 
 def utc_now() -> str:

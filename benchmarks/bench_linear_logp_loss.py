@@ -1,0 +1,208 @@
+"""rlkernel.linear_logp_loss (forward + gradients of hidden and weight) against a bare matmul and Liger-Kernel's
+fused linear cross-entropy with per-token output, on the same inputs in one run (issue 21).
+
+    python benchmarks/bench_linear_logp_loss.py                           # N=16384, H=4096, V=128256, bf16
+    python benchmarks/bench_linear_logp_loss.py --shapes 4096x896x151936 --methods loss,matmul --repeat 10
+
+Methods (each a row; the reproduction command is printed beside it):
+- ``matmul``: ``torch.mm(hidden, weight.T, out=...)`` into a preallocated [N, V] buffer (cuBLAS), the unit;
+- ``loss``: ``rlkernel.linear_logp_loss(..., backend="fused")`` with a GRPO clipped objective + entropy bonus as
+  loss_fn, then ``loss.backward()`` (hidden and weight require grad): three GEMMs per chunk;
+- ``loss-native``: the same call with ``backend="native"`` (chunked PyTorch);
+- ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
+  (it too computes its gradients in the forward; cross-entropy only, no entropy).
+Median of --repeat runs, each timed by its own pair of CUDA events after --warmup runs; gradients reset to None
+before each run, outside the events. Peak memory: the most allocated during one run beyond what was allocated
+before it (the inputs), so the returned gradients count in it. TFLOP/s counts the loss as 3 GEMMs (2 N H V each),
+the matmul as one; ``x matmul`` is the time over the matmul's in the same run (target for ``loss``: <= 3.3).
+RLKERNEL_VALIDATE=0 while timing (as bench_logp). Exit codes: 0 done, 2 bad arguments, 3 no CUDA / extension not
+built (``loss`` needs it).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
+
+METHODS = ("matmul", "loss", "loss-native", "liger")
+DEFAULT_METHODS = ("matmul", "loss", "liger")
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        n, h, v = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise CliError(f"--shapes: {text!r} is not NxHxV (e.g. 16384x4096x128256)") from None
+    if min(n, h, v) < 1:
+        raise CliError(f"--shapes: {text!r} has a size below 1")
+    return n, h, v
+
+
+def build_parser():
+    p = OneLineParser(prog="bench_linear_logp_loss", description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="16384x4096x128256", help="comma-separated NxHxV (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help=f"comma-separated, of {', '.join(METHODS)} (default: %(default)s)")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--chunk-size", type=int, default=None, help="linear_logp_loss chunk (default: its own)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    return p
+
+
+def events_median(fn, prep, warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        prep()
+        fn()
+    pairs = []
+    for _ in range(repeat):
+        prep()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def peak_extra(fn, prep) -> int:
+    prep()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def grpo_loss_fn(adv, old, eps=0.2, coef=0.01):
+    def loss_fn(lp, ent, sl):
+        ratio = torch.exp(lp - old[sl])
+        a = adv[sl]
+        return -torch.minimum(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a) - coef * ent
+    return loss_fn
+
+
+def make_methods(n, h, v, dtype, args):
+    import rlkernel
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    hidden = (torch.randn(n, h, device="cuda", generator=g) * 0.5).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, device="cuda", generator=g) / h ** 0.5).to(dtype).requires_grad_()
+    ids = torch.randint(0, v, (n,), device="cuda", generator=g)
+    adv = torch.randn(n, device="cuda", generator=g)
+    old = -torch.rand(n, device="cuda", generator=g) * 10
+    fn = grpo_loss_fn(adv, old)
+
+    def reset():
+        hidden.grad = None
+        weight.grad = None
+
+    out = {}
+    buf = {}
+
+    def mm_prep():  # the [N, V] output, allocated once, outside the events
+        if "out" not in buf:
+            buf["out"] = torch.empty(n, v, device="cuda", dtype=dtype)
+
+    def mm():
+        torch.mm(hidden.detach(), weight.detach().t(), out=buf["out"])
+
+    out["matmul"] = (mm, mm_prep)
+
+    def loss(backend):
+        def run():
+            rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature, backend=backend,
+                                      chunk_size=args.chunk_size).backward()
+        return run, reset
+
+    out["loss"] = loss("fused")
+    out["loss-native"] = loss("native")
+
+    def liger():
+        try:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+        except ImportError as exc:
+            return f"liger_kernel not importable ({exc})"
+        ce = LigerFusedLinearCrossEntropyLoss(reduction="none")
+
+        def run():
+            res = ce(weight, hidden, ids)
+            res = res if isinstance(res, torch.Tensor) else res.loss  # newer versions may return an output record
+            res.sum().backward()
+        return run, reset
+
+    out["liger"] = liger()
+    return out
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        shapes = [parse_shape(s) for s in args.shapes.split(",")]
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        bad = [m for m in methods if m not in METHODS]
+        if bad:
+            raise CliError(f"--methods: unknown {', '.join(bad)} (known: {', '.join(METHODS)})")
+        if args.warmup < 0 or args.repeat < 1:
+            raise CliError("--warmup must be >= 0 and --repeat >= 1")
+        if not torch.cuda.is_available():
+            raise CliError("needs CUDA (this benchmark times GPU kernels)", EXIT_BLOCKED)
+        from rlkernel import _ext
+
+        if "loss" in methods and _ext.unavailable_reason():
+            raise CliError(f"--methods loss needs rlkernel._C: {_ext.unavailable_reason()} "
+                           "(MAX_JOBS=16 python setup.py build_ext --inplace)", EXIT_BLOCKED)
+    except CliError as exc:
+        print(f"bench_linear_logp_loss: {exc}", file=sys.stderr)
+        return exc.code
+    os.environ["RLKERNEL_VALIDATE"] = "0"
+    dtype = getattr(torch, args.dtype)
+    print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {args.dtype} | median of {args.repeat} "
+          f"(warmup {args.warmup})")
+    print(f"{'shape NxHxV':>22} {'method':>12} {'ms':>9} {'x matmul':>9} {'TFLOP/s':>8} {'peak GiB':>9}  command")
+    for n, h, v in shapes:
+        fns = make_methods(n, h, v, dtype, args)
+        base_ms = None
+        order = (["matmul"] if "matmul" in methods else []) + [m for m in methods if m != "matmul"]
+        for m in order:
+            cmd = (f"python benchmarks/bench_linear_logp_loss.py --shapes {n}x{h}x{v} --methods matmul,{m} "
+                   f"--dtype {args.dtype} --repeat {args.repeat}")
+            entry = fns[m]
+            if isinstance(entry, str):
+                print(f"{f'{n}x{h}x{v}':>22} {m:>12} {'-':>9} {'-':>9} {'-':>8} {'-':>9}  skipped: {entry}")
+                continue
+            fn, prep = entry
+            try:
+                ms = events_median(fn, prep, args.warmup, args.repeat)
+                peak = peak_extra(fn, prep)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"{f'{n}x{h}x{v}':>22} {m:>12} {'OOM':>9}  {cmd}")
+                continue
+            except Exception as exc:  # noqa: BLE001 - one method failing (a peer's API) must not hide the others
+                print(f"{f'{n}x{h}x{v}':>22} {m:>12} {'error':>9}  {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            if m == "matmul":
+                base_ms = ms
+            gemms = 1 if m == "matmul" else 3
+            tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
+            ratio = f"{ms / base_ms:.2f}" if base_ms else "-"
+            print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f}  {cmd}",
+                  flush=True)
+        del fns
+        torch.cuda.empty_cache()
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

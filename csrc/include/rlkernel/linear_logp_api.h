@@ -1,0 +1,73 @@
+// Host interface of the fused LM-head log-prob launchers (csrc/linear_logp.cu). Plain C++: no CUDA or torch
+// header, so csrc/linear_logp_op.cpp compiles with the CPU torch wheel alone. Streams travel as void*.
+// The GEMMs of the op are cuBLAS calls made by rlkernel/ops/linear_logp_fused.py; these launch the rest.
+#pragma once
+
+#include <cstdint>
+
+#include "rlkernel/error_record.h"
+#include "rlkernel/logp_api.h"  // ElemType
+
+namespace rlkernel {
+
+struct LinearFoldArgs {
+  const void* tile;          // [n_rows, cols] logits of one vocabulary chunk, last dim contiguous
+  int64_t row_stride;
+  const int64_t* ids;        // [n_rows], contiguous
+  int64_t n_rows;
+  int64_t cols;
+  int64_t col0;              // first vocabulary column of the chunk
+  int64_t vocab;             // the whole vocabulary (bad ids: outside [0, vocab))
+  ElemType dtype;
+  double temperature;
+  int64_t ignore_index;
+  float* state;              // [n_rows, 4] running (m, s, t, x_target)
+  bool first, last;          // the first / last chunk of the row block
+  float* logp;               // [n_rows] (written by the last chunk)
+  float* entropy;            // [n_rows], or nullptr for no entropy
+  float* stats;              // [n_rows, 2]
+  int64_t row0;              // first row of the block in the call (positions in the error record)
+  ErrorSink errors;
+  void* stream;
+};
+
+struct LinearGradArgs {
+  void* tile;                // [tile_rows, cols], overwritten by the logits' gradient
+  int64_t row_stride;
+  const int64_t* ids;        // [n_rows]
+  int64_t n_rows;
+  int64_t tile_rows;         // >= n_rows: rows past n_rows are padding and get 0
+  int64_t cols;
+  int64_t col0;
+  int64_t vocab;
+  ElemType dtype;
+  double temperature;
+  int64_t ignore_index;
+  const float* grad_logp;    // [n_rows] with stride, or nullptr
+  int64_t grad_logp_stride;
+  const float* grad_entropy; // [n_rows] with stride, or nullptr
+  int64_t grad_entropy_stride;
+  const float* entropy;      // forward entropy (with grad_entropy)
+  const float* stats;        // [n_rows, 2]
+  void* stream;
+};
+
+// Each returns nullptr on success, else a static message.
+const char* linear_logp_fold(const LinearFoldArgs& args);
+const char* linear_logp_grad(const LinearGradArgs& args);
+// out[c] (+)= sum over rows of tile[r, c] (float32), deterministic; partial: [linear_logp_colsum_blocks(n_rows), cols].
+int64_t linear_logp_colsum_blocks(int64_t n_rows);
+const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_rows, int64_t cols, ElemType dtype,
+                               float* partial, float* out, bool accumulate, void* stream);
+// dst[i] = src[i] (accumulate: dst[i] += src[i]), i < n; src float32 or of dtype dst_dtype (src_is_float says
+// which).
+const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, ElemType dst_dtype, int64_t n,
+                             bool accumulate, void* stream);
+// dst [rows, cols] contiguous: every row = bias [cols].
+const char* linear_logp_bias_rows(const void* bias, void* dst, int64_t rows, int64_t cols, ElemType dtype,
+                                  void* stream);
+// dst [dst_rows, cols] = src rows (row stride src_stride) then zero rows.
+const char* linear_logp_pack(const void* src, int64_t src_stride, int64_t rows, int64_t cols, ElemType dtype,
+                             void* dst, int64_t dst_rows, void* stream);
+
+}  // namespace rlkernel

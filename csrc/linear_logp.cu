@@ -1,0 +1,187 @@
+// Launchers of the fused LM-head log-prob kernels (csrc/include/rlkernel/linear_logp_kernels.cuh). No torch include
+// (the CI compile gate builds this with nvcc alone). No NVTX range here: the op's range (op.linear_logp.forward /
+// .backward) is opened by rlkernel/ops/linear_logp_fused.py around the GEMMs and these launches together.
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "rlkernel/linear_logp_api.h"
+#include "rlkernel/linear_logp_kernels.cuh"
+
+namespace rlkernel {
+namespace {
+
+const char* last_error() {
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// Calls f(T{}) for the element type.
+template <class F> const char* with_type(ElemType dtype, F&& f) {
+  switch (dtype) {
+    case ElemType::kFloat32: f(float{}); return nullptr;
+    case ElemType::kFloat16: f(__half{}); return nullptr;
+    case ElemType::kBFloat16: f(__nv_bfloat16{}); return nullptr;
+  }
+  return "rlkernel: unknown element type";
+}
+
+// Calls f(T{}, std::integral_constant<int, TEAM>{}) for the element type and the row team of a chunk of `cols`.
+template <class F> const char* with_type_and_team(ElemType dtype, int64_t cols, F&& f) {
+  return with_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    switch (row_team_threads(cols, sizeof(T))) {
+      case 32: f(tag, std::integral_constant<int, 32>{}); break;
+      case 64: f(tag, std::integral_constant<int, 64>{}); break;
+      case 128: f(tag, std::integral_constant<int, 128>{}); break;
+      case 256: f(tag, std::integral_constant<int, 256>{}); break;
+      default: f(tag, std::integral_constant<int, 512>{}); break;
+    }
+  });
+}
+
+unsigned grid_for(int64_t n_rows, int team) {
+  const int64_t teams_per_cta = kCtaThreads / team;
+  return static_cast<unsigned>((n_rows + teams_per_cta - 1) / teams_per_cta);
+}
+
+unsigned elementwise_grid(int64_t n) {
+  const int64_t blocks = (n + 255) / 256;
+  return static_cast<unsigned>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+}  // namespace
+
+const char* linear_logp_fold(const LinearFoldArgs& a) {
+  if (a.n_rows == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  LinearFoldParams p;
+  p.tile = a.tile;
+  p.row_stride = a.row_stride;
+  p.ids = reinterpret_cast<const long long*>(a.ids);
+  p.n_rows = a.n_rows;
+  p.cols = static_cast<int>(a.cols);
+  p.col0 = a.col0;
+  p.vocab = a.vocab;
+  p.c = static_cast<float>(1.4426950408889634 / a.temperature);
+  p.ignore_index = a.ignore_index;
+  p.state = reinterpret_cast<float4*>(a.state);
+  p.first = a.first;
+  p.last = a.last;
+  p.logp = a.logp;
+  p.entropy = a.entropy;
+  p.stats = reinterpret_cast<float2*>(a.stats);
+  p.row0 = a.row0;
+  p.errors = a.errors;
+  const char* err = with_type_and_team(a.dtype, a.cols, [&](auto tag, auto team) {
+    using T = decltype(tag);
+    constexpr int TEAM = decltype(team)::value;
+    const unsigned grid = grid_for(a.n_rows, TEAM);
+    if (a.entropy != nullptr) {
+      rlkernel_linear_logp_fold_kernel<T, TEAM, true><<<grid, kCtaThreads, 0, stream>>>(p);
+    } else {
+      rlkernel_linear_logp_fold_kernel<T, TEAM, false><<<grid, kCtaThreads, 0, stream>>>(p);
+    }
+  });
+  return err ? err : last_error();
+}
+
+const char* linear_logp_grad(const LinearGradArgs& a) {
+  if (a.tile_rows == 0 || a.cols == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(a.stream);
+  LinearGradParams p;
+  p.tile = a.tile;
+  p.row_stride = a.row_stride;
+  p.ids = reinterpret_cast<const long long*>(a.ids);
+  p.n_rows = a.n_rows;
+  p.tile_rows = a.tile_rows;
+  p.cols = static_cast<int>(a.cols);
+  p.col0 = a.col0;
+  p.vocab = a.vocab;
+  p.c = static_cast<float>(1.4426950408889634 / a.temperature);
+  p.inv_t = static_cast<float>(1.0 / a.temperature);
+  p.ignore_index = a.ignore_index;
+  p.grad_logp = a.grad_logp;
+  p.grad_logp_stride = a.grad_logp_stride;
+  p.grad_entropy = a.grad_entropy;
+  p.grad_entropy_stride = a.grad_entropy_stride;
+  p.entropy = a.entropy;
+  p.stats = reinterpret_cast<const float2*>(a.stats);
+  const char* err = with_type_and_team(a.dtype, a.cols, [&](auto tag, auto team) {
+    using T = decltype(tag);
+    constexpr int TEAM = decltype(team)::value;
+    const unsigned grid = grid_for(a.tile_rows, TEAM);
+    if (a.grad_entropy != nullptr) {
+      rlkernel_linear_logp_grad_kernel<T, TEAM, true><<<grid, kCtaThreads, 0, stream>>>(p);
+    } else {
+      rlkernel_linear_logp_grad_kernel<T, TEAM, false><<<grid, kCtaThreads, 0, stream>>>(p);
+    }
+  });
+  return err ? err : last_error();
+}
+
+int64_t linear_logp_colsum_blocks(int64_t n_rows) { return (n_rows + kColsumRows - 1) / kColsumRows; }
+
+const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_rows, int64_t cols, ElemType dtype,
+                               float* partial, float* out, bool accumulate, void* stream_ptr) {
+  if (cols == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const int64_t blocks = linear_logp_colsum_blocks(n_rows);
+  const unsigned col_blocks = static_cast<unsigned>((cols + kColsumThreads - 1) / kColsumThreads);
+  const char* err = nullptr;
+  if (blocks > 0) {
+    err = with_type(dtype, [&](auto tag) {
+      using T = decltype(tag);
+      const dim3 grid(col_blocks, static_cast<unsigned>(blocks));
+      rlkernel_linear_logp_colsum_kernel<T><<<grid, kColsumThreads, 0, stream>>>(
+          static_cast<const T*>(tile), row_stride, n_rows, static_cast<int>(cols), partial);
+    });
+  }
+  if (err) return err;
+  rlkernel_linear_logp_colsum_finish_kernel<<<col_blocks, kColsumThreads, 0, stream>>>(
+      partial, static_cast<int>(blocks), static_cast<int>(cols), out, accumulate);
+  return last_error();
+}
+
+const char* linear_logp_cast(const void* src, bool src_is_float, void* dst, ElemType dst_dtype, int64_t n,
+                             bool accumulate, void* stream_ptr) {
+  if (n == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const char* err = with_type(dst_dtype, [&](auto tag) {
+    using D = decltype(tag);
+    if (src_is_float) {
+      rlkernel_linear_logp_cast_kernel<float, D><<<elementwise_grid(n), 256, 0, stream>>>(
+          static_cast<const float*>(src), static_cast<D*>(dst), n, accumulate);
+    } else {
+      rlkernel_linear_logp_cast_kernel<D, D><<<elementwise_grid(n), 256, 0, stream>>>(
+          static_cast<const D*>(src), static_cast<D*>(dst), n, accumulate);
+    }
+  });
+  return err ? err : last_error();
+}
+
+const char* linear_logp_bias_rows(const void* bias, void* dst, int64_t rows, int64_t cols, ElemType dtype,
+                                  void* stream_ptr) {
+  if (rows * cols == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const char* err = with_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rlkernel_linear_logp_bias_rows_kernel<T><<<elementwise_grid(rows * cols), 256, 0, stream>>>(
+        static_cast<const T*>(bias), static_cast<T*>(dst), rows, cols);
+  });
+  return err ? err : last_error();
+}
+
+const char* linear_logp_pack(const void* src, int64_t src_stride, int64_t rows, int64_t cols, ElemType dtype,
+                             void* dst, int64_t dst_rows, void* stream_ptr) {
+  if (dst_rows * cols == 0) return nullptr;
+  auto stream = static_cast<cudaStream_t>(stream_ptr);
+  const char* err = with_type(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rlkernel_linear_logp_pack_kernel<T><<<elementwise_grid(dst_rows * cols), 256, 0, stream>>>(
+        static_cast<const T*>(src), src_stride, rows, cols, static_cast<T*>(dst), dst_rows);
+  });
+  return err ? err : last_error();
+}
+
+}  // namespace rlkernel

@@ -1,0 +1,196 @@
+// Registration of the fused LM-head log-prob ops (rlkernel.linear_logp): schemas, thin tensor checks, calls into
+// csrc/linear_logp.cu. torch/library.h-level headers only (the CI compile gate builds this with the CPU wheel).
+// The GEMMs, the workspace and autograd live in Python (rlkernel/ops/linear_logp_fused.py); these ops launch only
+// rlkernel_* kernels and never allocate.
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "rlkernel/linear_logp_api.h"
+#include "rlkernel/torch_elem_type.h"
+
+namespace {
+
+using at::Tensor;
+
+constexpr const char* kOp = "rlkernel linear_logp";
+
+void check_tile(const Tensor& tile) {
+  TORCH_CHECK(tile.is_cuda(), kOp, ": the tile must be a CUDA tensor");
+  TORCH_CHECK(tile.dim() == 2 && (tile.size(1) <= 1 || tile.stride(1) == 1),
+              kOp, ": the tile must be [rows, cols] with a contiguous last dim");
+  TORCH_CHECK(tile.size(0) < (int64_t{1} << 31) && tile.size(1) < (int64_t{1} << 31), kOp, ": tile too large");
+}
+
+void check_f32(const Tensor& t, int64_t numel, const Tensor& like, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == numel && t.device() == like.device(),
+              kOp, ": ", what, " must be contiguous float32 with ", numel, " elements on the tile's device");
+}
+
+void check_ids(const Tensor& ids, int64_t n, const Tensor& like) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == n &&
+              ids.device() == like.device(), kOp, ": token_ids must be contiguous int64 [", n, "]");
+}
+
+const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tensor& like, int64_t* stride) {
+  *stride = 0;
+  if (!g.has_value()) return nullptr;
+  TORCH_CHECK(g->scalar_type() == at::kFloat && g->dim() == 1 && g->size(0) == n && g->device() == like.device(),
+              kOp, ": row gradients must be float32 [N] on the tile's device");
+  *stride = g->stride(0);
+  return g->data_ptr<float>();
+}
+
+// Folds one chunk's tile into the rows' running state; the last chunk writes logp, entropy (when it has elements)
+// and stats, and reports bad ids (error_record: the device record's address, 0 = nowhere).
+void fold(const Tensor& tile, const Tensor& ids, Tensor& state, Tensor& logp, Tensor& entropy, Tensor& stats,
+          int64_t col0, int64_t vocab, double temperature, int64_t ignore_index, bool first, bool last, int64_t row0,
+          int64_t error_record, int64_t error_seq) {
+  check_tile(tile);
+  const int64_t n = tile.size(0);
+  check_ids(ids, n, tile);
+  check_f32(state, 4 * n, tile, "state");
+  check_f32(logp, n, tile, "logp");
+  check_f32(stats, 2 * n, tile, "stats");
+  const bool with_entropy = entropy.numel() > 0;
+  if (with_entropy) check_f32(entropy, n, tile, "entropy");
+  TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
+  TORCH_CHECK(col0 >= 0 && col0 + tile.size(1) <= vocab, kOp, ": chunk outside the vocabulary");
+  c10::DeviceGuard guard(tile.device());
+  rlkernel::LinearFoldArgs a{};
+  a.tile = tile.data_ptr();
+  a.row_stride = tile.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.cols = tile.size(1);
+  a.col0 = col0;
+  a.vocab = vocab;
+  a.dtype = rlkernel::elem_type_of(tile, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.state = state.data_ptr<float>();
+  a.first = first;
+  a.last = last;
+  a.logp = logp.data_ptr<float>();
+  a.entropy = with_entropy ? entropy.data_ptr<float>() : nullptr;
+  a.stats = stats.data_ptr<float>();
+  a.row0 = row0;
+  a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
+  a.stream = rlkernel::current_cuda_stream(tile.device().index());
+  const char* err = rlkernel::linear_logp_fold(a);
+  TORCH_CHECK(err == nullptr, kOp, " fold: ", err);
+}
+
+// Turns the recomputed tile (rows 0..n-1 real, the rest padding) into the gradient of its logits, in place.
+void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::optional<Tensor>& grad_logp,
+               const std::optional<Tensor>& grad_entropy, const Tensor& entropy, int64_t col0, int64_t vocab,
+               double temperature, int64_t ignore_index) {
+  check_tile(tile);
+  const int64_t n = ids.numel();
+  TORCH_CHECK(n <= tile.size(0), kOp, ": more ids than tile rows");
+  check_ids(ids, n, tile);
+  check_f32(stats, 2 * n, tile, "stats");
+  TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
+  c10::DeviceGuard guard(tile.device());
+  rlkernel::LinearGradArgs a{};
+  a.tile = tile.data_ptr();
+  a.row_stride = tile.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.tile_rows = tile.size(0);
+  a.cols = tile.size(1);
+  a.col0 = col0;
+  a.vocab = vocab;
+  a.dtype = rlkernel::elem_type_of(tile, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.grad_logp = optional_rows(grad_logp, n, tile, &a.grad_logp_stride);
+  a.grad_entropy = optional_rows(grad_entropy, n, tile, &a.grad_entropy_stride);
+  if (a.grad_entropy != nullptr) {
+    check_f32(entropy, n, tile, "entropy");
+    a.entropy = entropy.data_ptr<float>();
+  }
+  a.stats = stats.data_ptr<float>();
+  a.stream = rlkernel::current_cuda_stream(tile.device().index());
+  const char* err = rlkernel::linear_logp_grad(a);
+  TORCH_CHECK(err == nullptr, kOp, " grad: ", err);
+}
+
+// out (float32 [cols]) (+)= column sums of the tile's first n_rows rows; partial: float32 scratch.
+void colsum(const Tensor& tile, int64_t n_rows, Tensor& partial, Tensor& out, bool accumulate) {
+  check_tile(tile);
+  TORCH_CHECK(n_rows >= 0 && n_rows <= tile.size(0), kOp, ": bad row count");
+  const int64_t cols = tile.size(1);
+  check_f32(out, cols, tile, "out");
+  TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() &&
+              partial.numel() >= rlkernel::linear_logp_colsum_blocks(n_rows) * cols, kOp, ": partial too small");
+  c10::DeviceGuard guard(tile.device());
+  const char* err = rlkernel::linear_logp_colsum(
+      tile.data_ptr(), tile.stride(0), n_rows, cols, rlkernel::elem_type_of(tile, kOp), partial.data_ptr<float>(),
+      out.data_ptr<float>(), accumulate, rlkernel::current_cuda_stream(tile.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " colsum: ", err);
+}
+
+// dst = (accumulate: dst +) the first dst.numel() elements of src (float32 or dst's dtype), both contiguous.
+void cast(const Tensor& src, Tensor& dst, bool accumulate) {
+  TORCH_CHECK(src.is_cuda() && dst.device() == src.device() && src.is_contiguous() && dst.is_contiguous() &&
+              src.numel() >= dst.numel(), kOp, ": cast needs contiguous CUDA tensors, src at least as large");
+  TORCH_CHECK(src.scalar_type() == at::kFloat || src.scalar_type() == dst.scalar_type(), kOp,
+              ": cast from float32 or the same dtype only");
+  c10::DeviceGuard guard(dst.device());
+  const char* err = rlkernel::linear_logp_cast(src.data_ptr(), src.scalar_type() == at::kFloat, dst.data_ptr(),
+                                               rlkernel::elem_type_of(dst, kOp), dst.numel(), accumulate,
+                                               rlkernel::current_cuda_stream(dst.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " cast: ", err);
+}
+
+// tile [rows, cols] contiguous: every row = bias [cols] (contiguous, the tile's dtype).
+void bias_rows(const Tensor& bias, Tensor& tile) {
+  TORCH_CHECK(tile.is_cuda() && bias.device() == tile.device() && tile.dim() == 2 && tile.is_contiguous() &&
+              bias.dim() == 1 && bias.is_contiguous() && bias.size(0) == tile.size(1) &&
+              bias.scalar_type() == tile.scalar_type(), kOp, ": bias_rows needs bias [cols] and a contiguous tile");
+  c10::DeviceGuard guard(tile.device());
+  const char* err = rlkernel::linear_logp_bias_rows(bias.data_ptr(), tile.data_ptr(), tile.size(0), tile.size(1),
+                                                    rlkernel::elem_type_of(tile, kOp),
+                                                    rlkernel::current_cuda_stream(tile.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " bias_rows: ", err);
+}
+
+// dst [R, H] contiguous = src [rows <= R, H] (any row stride, contiguous last dim), then zero rows.
+void pack(const Tensor& src, Tensor& dst) {
+  TORCH_CHECK(src.is_cuda() && dst.device() == src.device() && src.dim() == 2 && dst.dim() == 2 &&
+              dst.is_contiguous() && src.size(1) == dst.size(1) && src.size(0) <= dst.size(0) &&
+              (src.size(1) <= 1 || src.stride(1) == 1) && src.scalar_type() == dst.scalar_type(),
+              kOp, ": pack needs src [rows, H] (contiguous last dim) and a contiguous dst [R >= rows, H]");
+  c10::DeviceGuard guard(dst.device());
+  const char* err = rlkernel::linear_logp_pack(src.data_ptr(), src.size(0) > 1 ? src.stride(0) : src.size(1),
+                                               src.size(0), src.size(1), rlkernel::elem_type_of(dst, kOp),
+                                               dst.data_ptr(), dst.size(0),
+                                               rlkernel::current_cuda_stream(dst.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " pack: ", err);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
+  m.def("linear_logp_fold(Tensor tile, Tensor token_ids, Tensor(a!) state, Tensor(b!) logp, Tensor(c!) entropy, "
+        "Tensor(d!) stats, int col0, int vocab, float temperature, int ignore_index, bool first, bool last, "
+        "int row0=0, int error_record=0, int error_seq=0) -> ()");
+  m.def("linear_logp_grad_tile(Tensor(a!) tile, Tensor token_ids, Tensor stats, Tensor? grad_logp, "
+        "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index) -> ()");
+  m.def("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()");
+  m.def("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()");
+  m.def("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()");
+  m.def("linear_logp_bias_rows(Tensor bias, Tensor(a!) tile) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
+  m.impl("linear_logp_fold", &fold);
+  m.impl("linear_logp_grad_tile", &grad_tile);
+  m.impl("linear_logp_colsum", &colsum);
+  m.impl("linear_logp_cast", &cast);
+  m.impl("linear_logp_pack", &pack);
+  m.impl("linear_logp_bias_rows", &bias_rows);
+}

@@ -1,0 +1,323 @@
+"""The fused CUDA backend of rlkernel.linear_logp: cuBLAS GEMM tiles into a bounded workspace, reduced by our kernels.
+
+Never an N x V tensor. The rows go a block at a time (``block`` rows) and the vocabulary a chunk at a time (``cols``
+columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs' dtype, stays within
+``TILE_BYTES``.
+
+- Forward, per (block, chunk): one GEMM writes the tile (``addmm`` with the bias slice, else ``mm``, ``out=`` the
+  workspace), then ``rlkernel_linear_logp_fold_kernel`` folds it into each row's running online-softmax state; the
+  last chunk writes logp, entropy and the stats (r, log2 s) and reports bad ids to the device error record.
+- Backward, per (block, chunk): the GEMM again (recompute), ``rlkernel_linear_logp_grad_kernel`` turns the tile in
+  place into the logits' gradient, then ``dW[chunk] (+)= G^T @ H_block`` and ``dH_block (+)= G @ W[chunk]`` (a float32
+  accumulator where aten's cuBLAS calls allow: ``dh_accumulation``), the bias gradient by the deterministic
+  column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
+- ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
+  ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
+  has the same problem shape and layout, 16-bit GEMMs run without cuBLAS split-K (``_no_split_k``), and a row's
+  reductions run in a fixed order, so its results do not depend on N or on where it sits.
+
+Everything runs inside one NVTX range per call (``op.linear_logp.forward`` / ``.backward``), opened here: cuBLAS
+GEMM kernels and ``rlkernel_*`` kernels only. No host sync: bad ids go to the device error record.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+
+from rlkernel import _ext, dispatch, errors
+from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops.logp_fused import as_rows
+
+TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
+MAX_BLOCK_ROWS = 16384  # rows per block in the default mode (more rows: several blocks)
+BI_ROWS = 4096  # rows per GEMM with batch_invariant=True (fewer rows are padded up to it; the dH GEMM
+# [BI_ROWS x H] needs about two waves of 128 x 256 tiles on 132 SMs to run at full speed)
+BI_COLS = 16384  # vocabulary columns per chunk with batch_invariant=True
+_COL_ALIGN = 256
+
+# The bias: in cuBLASLt's epilogue through torch.addmm(bias, ...) (True), or written into the tile by
+# rlkernel_linear_logp_bias_rows_kernel and added by a beta = 1 GEMM (False: one more write and read of each tile, and
+# no copy kernel of torch's in the op range should its addmm not take the epilogue path).
+BIAS_EPILOGUE = True
+_override: tuple[int, int] | None = None  # (block rows, chunk columns) forced by tests (``chunking``)
+_dh_modes: dict[tuple, str] = {}  # (device index, dtype) -> how dH is summed over chunks (dh_accumulation)
+
+
+@contextlib.contextmanager
+def chunking(rows: int, cols: int):
+    """Force the block and chunk sizes (tests: many blocks and chunks on small shapes)."""
+    global _override
+    old, _override = _override, (int(rows), int(cols))
+    try:
+        yield
+    finally:
+        _override = old
+
+
+def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple[int, int]:
+    """(block rows, chunk columns). Batch-invariant: fixed, whatever n. Default: one block up to MAX_BLOCK_ROWS rows,
+    and as many columns as fit TILE_BYTES (a multiple of 256, so every chunk but the last starts 16-byte aligned)."""
+    if _override is not None:
+        rows, cols = _override
+        return (rows if batch_invariant else min(rows, max(n, 1))), min(cols, vocab)
+    if batch_invariant:
+        return BI_ROWS, min(BI_COLS, vocab)
+    rows = max(1, min(n, MAX_BLOCK_ROWS))
+    esize = torch.empty((), dtype=dtype).element_size()
+    cols = max(_COL_ALIGN, TILE_BYTES // (rows * esize) // _COL_ALIGN * _COL_ALIGN)
+    # at least two chunks once the vocabulary has more than two aligned chunks' worth: no tile ever holds a block's
+    # whole row of logits, however small the problem
+    half = -(-vocab // 2 // _COL_ALIGN) * _COL_ALIGN if vocab > 2 * _COL_ALIGN else vocab
+    return rows, min(cols, half, vocab)
+
+
+def dh_accumulation(device: torch.device, dtype: torch.dtype) -> str:
+    """How the backward sums the hidden-state gradient over vocabulary chunks, by what aten's cuBLAS calls allow
+    (torch versions differ): "addmm" (a float32 accumulator that cuBLAS adds into: ``addmm.dtype_out``), "mm+add"
+    (each chunk's float32 product by ``mm.dtype_out``, added by our cast kernel: one more float32 [rows, H]
+    buffer), "dtype" (summed in the inputs' dtype, rounded once per chunk). float32 inputs: "addmm". Tried once per
+    device and dtype on 2 x 2 tensors: no values read, and nothing but the GEMMs launched (unfilled inputs), so the
+    op range it runs in stays GEMMs + ours."""
+    if dtype == torch.float32:
+        return "addmm"
+    key = (device.index, dtype)
+    mode = _dh_modes.get(key)
+    if mode is None:
+        a = torch.empty(2, 2, dtype=dtype, device=device)
+        acc = torch.empty(2, 2, dtype=torch.float32, device=device)
+        errors_ = (RuntimeError, TypeError, NotImplementedError)
+        try:
+            torch.ops.aten.mm.dtype_out(a, a, torch.float32, out=acc)
+            try:
+                torch.ops.aten.addmm.dtype_out(acc, a, a, torch.float32, out=acc)
+                mode = "addmm"
+            except errors_:
+                mode = "mm+add"
+        except errors_:
+            mode = "dtype"
+        _dh_modes[key] = mode
+    return mode
+
+
+_SPLIT_K_FLAGS = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
+                  torch.float16: "allow_fp16_reduced_precision_reduction"}
+
+
+@contextlib.contextmanager
+def _no_split_k(dtype: torch.dtype, batch_invariant: bool):
+    """With batch_invariant: cuBLAS GEMMs without split-K / stream-K reductions, whose split of K could differ between
+    the output tiles a row may fall in (torch's (allow_reduced_precision, allow_splitk) = (False, False) for 16-bit
+    GEMMs, restored after the call; where this torch lacks the pair, nothing changes). Process-wide while it lasts."""
+    attr = _SPLIT_K_FLAGS.get(dtype) if batch_invariant else None
+    if attr is None:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    old = (getattr(matmul, attr), getattr(matmul, attr + "_split_k", True))
+    try:
+        setattr(matmul, attr, (False, False))
+        changed = True
+    except (TypeError, ValueError, RuntimeError, AttributeError):
+        changed = False
+    try:
+        yield
+    finally:
+        if changed:
+            setattr(matmul, attr, old)
+
+
+def _logits_tile(h, weight, bias, c0, c1, out):
+    w = weight[c0:c1].t()  # [H, cols]: a transposed view, cuBLAS reads it as is
+    if bias is not None and BIAS_EPILOGUE:
+        torch.addmm(bias[c0:c1], h, w, out=out)
+    elif bias is not None:
+        torch.ops.rlkernel.linear_logp_bias_rows(bias[c0:c1], out)
+        torch.addmm(out, h, w, out=out)
+    else:
+        torch.mm(h, w, out=out)
+
+
+def _accumulate(acc, g, w, first: bool, tmp):
+    """acc (=|+=) g @ w; acc float32 (cuBLAS output type) or of g's dtype; ``tmp`` (float32, like acc): the
+    "mm+add" mode's product buffer, else None."""
+    if acc.dtype == g.dtype:
+        if first:
+            torch.mm(g, w, out=acc)
+        else:
+            torch.addmm(acc, g, w, out=acc)
+    elif first:
+        torch.ops.aten.mm.dtype_out(g, w, acc.dtype, out=acc)
+    elif tmp is None:
+        torch.ops.aten.addmm.dtype_out(acc, g, w, acc.dtype, out=acc)
+    else:
+        torch.ops.aten.mm.dtype_out(g, w, acc.dtype, out=tmp)
+        torch.ops.rlkernel.linear_logp_cast(tmp, acc, True)
+
+
+def _blocks(n, block):
+    for r0 in range(0, n, block):
+        yield r0, min(n, r0 + block)
+
+
+def _chunks(vocab, cols):
+    for c0 in range(0, vocab, cols):
+        yield c0, min(vocab, c0 + cols)
+
+
+def _block_hidden(rows2d, r0, r1, packed):
+    """The GEMM's A operand for rows r0..r1: a view, or (batch-invariant) the rows packed into the padded buffer."""
+    if packed is None:
+        return rows2d[r0:r1]
+    torch.ops.rlkernel.linear_logp_pack(rows2d[r0:r1], packed)
+    return packed
+
+
+def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape):
+    n, hsize = rows2d.shape
+    vocab = weight.shape[0]
+    dev = rows2d.device
+    block, cols = plan(n, vocab, rows2d.dtype, batch_invariant)
+    f32 = dict(dtype=torch.float32, device=dev)
+    logp = torch.empty(n, **f32)
+    entropy = torch.empty(n if return_entropy else 0, **f32)
+    stats = torch.empty(n, 2, **f32)
+    if n == 0:
+        return logp, entropy, stats
+    m = block if batch_invariant else min(block, n)
+    tile_buf = torch.empty(m * cols, dtype=rows2d.dtype, device=dev)
+    state = torch.empty(min(block, n) * 4, **f32)
+    packed = torch.empty(block, hsize, dtype=rows2d.dtype, device=dev) if batch_invariant else None
+    address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
+    with _no_split_k(rows2d.dtype, batch_invariant):
+        for r0, r1 in _blocks(n, block):
+            h = _block_hidden(rows2d, r0, r1, packed)
+            rows = r1 - r0
+            for c0, c1 in _chunks(vocab, cols):
+                tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
+                _logits_tile(h, weight, bias, c0, c1, tile)
+                torch.ops.rlkernel.linear_logp_fold(
+                    tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1],
+                    entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab, temperature, ignore_index,
+                    c0 == 0, c1 == vocab, r0, address, seq)
+    errors.after_call(dev, sync)
+    return logp, entropy, stats
+
+
+def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy, temperature, ignore_index,
+              batch_invariant, need_h, need_w, need_b):
+    n, hsize = rows2d.shape
+    vocab = weight.shape[0]
+    dev, dtype = rows2d.device, rows2d.dtype
+    if n == 0:  # no rows: nothing reaches the weight or the bias (zeros, not an unwritten buffer)
+        return (rows2d.new_empty(0, hsize) if need_h else None, torch.zeros_like(weight) if need_w else None,
+                torch.zeros(vocab, dtype=dtype, device=dev) if need_b else None)
+    block, cols = plan(n, vocab, dtype, batch_invariant)
+    m = block if batch_invariant else min(block, n)
+    dh = torch.empty(n, hsize, dtype=dtype, device=dev) if need_h else None
+    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
+    db = torch.empty(vocab, dtype=dtype, device=dev) if need_b else None
+    tile_buf = torch.empty(m * cols, dtype=dtype, device=dev)
+    packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
+    acc = tmp = None
+    if need_h:
+        mode = dh_accumulation(dev, dtype)
+        acc = torch.empty(m, hsize, dtype=dtype if mode == "dtype" else torch.float32, device=dev)
+        if mode == "mm+add" and cols < vocab:
+            tmp = torch.empty(m, hsize, dtype=torch.float32, device=dev)
+    db32 = partial = None
+    if need_b:
+        db32 = torch.empty(vocab, dtype=torch.float32, device=dev)
+        partial = torch.empty(math.ceil(m / 128) * cols, dtype=torch.float32, device=dev)
+    for r0, r1 in _blocks(n, block):
+        h = _block_hidden(rows2d, r0, r1, packed)
+        rows = r1 - r0
+        for c0, c1 in _chunks(vocab, cols):
+            tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
+            _logits_tile(h, weight, bias, c0, c1, tile)
+            torch.ops.rlkernel.linear_logp_grad_tile(
+                tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
+                None if grad_entropy is None else grad_entropy[r0:r1], entropy[r0:r1] if entropy.numel() else entropy,
+                c0, vocab, temperature, ignore_index)
+            if need_w:
+                dw_c = dw[c0:c1]
+                if r0 == 0:
+                    torch.mm(tile.t(), h, out=dw_c)
+                else:
+                    torch.addmm(dw_c, tile.t(), h, out=dw_c)
+            if need_b:
+                torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
+            if need_h:
+                _accumulate(acc[: h.shape[0]], tile, weight[c0:c1], c0 == 0,
+                            None if tmp is None else tmp[: h.shape[0]])
+        if need_h:
+            torch.ops.rlkernel.linear_logp_cast(acc, dh[r0:r1])
+    if need_b:
+        torch.ops.rlkernel.linear_logp_cast(db32, db)
+    return dh, dw, db
+
+
+class _FusedLinearLogp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
+                requested):
+        logp, entropy, stats = _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy,
+                                        batch_invariant, shape)
+        ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
+        ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
+        ctx.requested = requested
+        ctx.set_materialize_grads(False)
+        return logp, (entropy if return_entropy else None)
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
+        dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        none = (None,) * 7
+        if grad_entropy is not None and entropy.numel() == 0:
+            grad_entropy = None
+        if grad_logp is None and grad_entropy is None:
+            return (None, None, None) + none
+        with op_range("op.linear_logp.backward"), _no_split_k(rows2d.dtype, ctx.batch_invariant):
+            dh, dw, db = _backward(
+                rows2d, weight, bias, ids, stats, entropy, _row_grad(grad_logp), _row_grad(grad_entropy),
+                ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None)
+        return (dh, dw, db) + none
+
+
+def _row_grad(g):
+    return None if g is None else g.reshape(-1).to(torch.float32)
+
+
+def ensure_registered() -> None:
+    """Load rlkernel._C (raises rlkernel._ext.ExtensionNotBuilt)."""
+    _ext.load()
+
+
+def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
+                      batch_invariant=False, requested="auto"):
+    """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
+    No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``)."""
+    ensure_registered()
+    with op_range("op.linear_logp.forward"):
+        lead = hidden.shape[:-1]
+        rows2d = as_rows(hidden)
+        ids = token_ids.reshape(-1)
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
+        if not ids.is_contiguous():
+            ids = ids.contiguous()
+        weight_c = weight if weight.is_contiguous() else weight.contiguous()
+        bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+        args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
+                bool(batch_invariant), token_ids.shape)
+        wants_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (hidden, weight, bias))
+        if wants_grad:
+            logp, entropy = _FusedLinearLogp.apply(*args, requested)
+        else:
+            logp, entropy, _ = _forward(*args)
+            entropy = entropy if return_entropy else None
+        return logp.view(lead), (entropy.view(lead) if entropy is not None else None)

@@ -1,0 +1,154 @@
+"""rlkernel.linear_logp_loss: a per-token loss of log-probs (and entropy) straight from hidden states, with the
+gradients of hidden, weight and bias computed during its one pass over the tokens (the fused-loss form of
+``rlkernel.linear_logp``, as Liger-Kernel's fused losses do).
+
+Per chunk of tokens: the chunk's full-vocabulary logits by one GEMM into a [chunk, V] buffer, their log-probs and
+entropy, ``loss_fn`` and its autograd for d loss / d (logp, entropy), the logits' gradient written over the logits,
+then dH = G @ W and dW += G^T @ H. Three GEMMs per chunk, no recompute, never an N x V tensor. The fused backend
+runs the project's logp kernels (``torch.ops.rlkernel.logp_forward`` / ``logp_backward_inplace``) between cuBLAS
+GEMMs; the native one the same chunking in PyTorch (float32 softmax of one chunk at a time). The gradients are
+handed to autograd by ``_PrecomputedGrads``, whose backward only scales them by the incoming gradient.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from rlkernel import dispatch
+from rlkernel.ops import linear_logp_loss_chunks as chunks
+from rlkernel.validate import _int64, bad_id_error, check_temperature, position_in
+
+OP = "linear_logp_loss"
+REDUCTIONS = ("sum", "mean")
+CHUNK_BYTES = 1 << 30  # the default chunk holds about 1 GiB of logits (4096 tokens of a 128256 vocab in bf16)
+
+
+def _tensor(name: str, value, *, floating: bool) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if floating and not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
+    if value.is_meta:
+        raise ValueError(f"{name} is on the meta device, which holds no values: use a CPU or CUDA tensor")
+    return value
+
+
+def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size) -> None:
+    """Every argument, before any work (tensor metadata only on CUDA: no host sync). On CPU the ids too."""
+    _tensor("hidden", hidden, floating=True)
+    _tensor("weight", weight, floating=True)
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable (logp, entropy, chunk_slice) -> per-token losses, got "
+                        f"{type(loss_fn).__name__}")
+    if hidden.dim() < 1:
+        raise ValueError("hidden must have at least one dimension (the hidden size): [..., H]")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight shape {tuple(weight.shape)} must be [V, H] with H = hidden.shape[-1] = "
+                         f"{hidden.shape[-1]}")
+    if weight.shape[0] == 0 or weight.shape[0] >= 1 << 31:
+        raise ValueError(f"weight has {weight.shape[0]} rows: the vocabulary must be in [1, 2^31)")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        _tensor(name, t, floating=True)
+        if t.dtype != hidden.dtype:
+            raise TypeError(f"{name} dtype {t.dtype} must equal hidden dtype {hidden.dtype}")
+        if t.device != hidden.device:
+            raise ValueError(f"hidden on {hidden.device} and {name} on {t.device}: must be on one device")
+    if bias is not None and bias.shape != weight.shape[:1]:
+        raise ValueError(f"bias shape {tuple(bias.shape)} must be [V] = ({weight.shape[0]},)")
+    _tensor("token_ids", token_ids, floating=False)
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
+        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if token_ids.shape != hidden.shape[:-1]:
+        raise ValueError(f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:-1] "
+                         f"{tuple(hidden.shape[:-1])} (hidden shape {tuple(hidden.shape)})")
+    if token_ids.device != hidden.device:
+        raise ValueError(f"hidden on {hidden.device} and token_ids on {token_ids.device}: must be on one device")
+    check_temperature(temperature, allow_zero=False)
+    ignore_index = _int64("ignore_index", ignore_index)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    if hidden.device.type == "cpu":  # no sync on CPU: raise at once, as rlkernel.logp does
+        ids = token_ids.reshape(-1).long()
+        vocab = weight.shape[0]
+        bad = (ids != ignore_index) & ((ids < 0) | (ids >= vocab))
+        if bool(bad.any()):
+            first = int(bad.nonzero()[0])
+            raise bad_id_error(position_in(first, token_ids.shape), int(ids[first]), vocab, OP)
+
+
+def default_chunk(n: int, vocab: int, itemsize: int) -> int:
+    """Tokens per chunk: about CHUNK_BYTES of logits, a multiple of 256 when that large (whole GEMM tiles)."""
+    c = max(1, CHUNK_BYTES // max(1, vocab * itemsize))
+    if c >= 256:
+        c -= c % 256
+    return max(1, min(c, n))
+
+
+class _PrecomputedGrads(torch.autograd.Function):
+    """Connects the loss to hidden, weight and bias; its backward scales the gradients computed in the forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, run):
+        loss, grads = run(ctx.needs_input_grad[:3])
+        ctx.grads = grads
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        if ctx.grads is None:
+            raise RuntimeError("linear_logp_loss: backward ran twice; its gradients were computed once, in the forward")
+        grads, ctx.grads = ctx.grads, None
+        # in place: the buffers are ours, and a copy of dW would cost V x H more memory
+        scaled = tuple(g.mul_(grad_loss) if g is not None else None for g in grads)
+        return (*scaled, None)
+
+
+def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
+                     temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
+                     chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False):
+    """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
+    of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
+    ever holding the N x V logits.
+
+    ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one dtype and device;
+    ``token_ids`` of shape ``hidden.shape[:-1]``. Tokens are taken flat, in chunks of ``chunk_size`` (default:
+    about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's float32 ``[c]`` log-probs and
+    entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index per-token
+    inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``: plain
+    differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp and
+    entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or "mean"
+    over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
+
+    The gradients of hidden, weight and bias (those that require grad) are computed during the call, and
+    ``loss.backward()`` only scales them by the incoming gradient: backward once. ``loss_fn`` gets gradients only for
+    logp and entropy (tensors it closes over get none from this op). dW is accumulated over chunks in weight's
+    dtype. ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
+    ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
+    entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
+    ``IndexError`` at once. See docs/contracts.md.
+    """
+    check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
+    rec = dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype)
+    n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
+    spec = chunks.Spec(loss_fn=loss_fn, temperature=float(temperature), ignore_index=int(ignore_index),
+                       mean=reduction == "mean", ids_shape=token_ids.shape,
+                       chunk=int(chunk_size) if chunk_size is not None else
+                       default_chunk(n, vocab, hidden.element_size()))
+    step = chunks.fused_pass if rec.status == "fused" else chunks.native_pass
+
+    def run(needs):
+        return step(hidden, weight, bias, token_ids, spec, needs)
+
+    tensors = (hidden, weight) + ((bias,) if bias is not None else ())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _PrecomputedGrads.apply(hidden, weight, bias, run)
+    loss, _ = run((False, False, False))
+    return loss

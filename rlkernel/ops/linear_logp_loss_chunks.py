@@ -1,0 +1,192 @@
+"""The two passes of rlkernel.linear_logp_loss over token chunks: fused (cuBLAS GEMMs around the project's logp
+kernels) and native (the same chunking in PyTorch). Each returns (loss, (d hidden, d weight, d bias)).
+
+Per chunk, two ``op.linear_logp_loss`` NVTX ranges hold the op's own work: logits + log-probs/entropy before
+``loss_fn``, the logits' gradient + dH/dW (+ a bias gradient's gemv) after it. ``loss_fn`` and its autograd are the
+caller's code and run between them (docs/contracts.md, section 3), as does the reduction of its losses.
+Input preparation (a strided hidden's copy, ids as int64, the ignore mask) runs before the first range.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from rlkernel import errors
+from rlkernel.nvtx_ranges import op_range
+
+OP = "linear_logp_loss"
+RANGE = "op.linear_logp_loss"
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    loss_fn: Callable
+    temperature: float
+    ignore_index: int
+    mean: bool
+    ids_shape: torch.Size
+    chunk: int
+
+
+def _prepare(hidden: torch.Tensor, token_ids: torch.Tensor):
+    """hidden as rows [N, H] with a unit last stride, flat int64 ids."""
+    h = hidden.reshape(-1, hidden.shape[-1])
+    if h.shape[1] > 1 and h.stride(1) != 1:
+        h = h.contiguous()
+    ids = token_ids.reshape(-1)
+    if ids.dtype != torch.int64:
+        ids = ids.to(torch.int64)
+    return h, ids.contiguous()
+
+
+def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bool):
+    """loss_fn on one chunk, outside the op's ranges: (the chunk's reduced loss, d/dlogp, d/dentropy)."""
+    with torch.enable_grad():
+        lp = logp.detach().requires_grad_(need_grad)
+        en = entropy.detach().requires_grad_(need_grad)
+        out = spec.loss_fn(lp, en, sl)
+        if not isinstance(out, torch.Tensor) or out.shape != lp.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"loss_fn must return the chunk's per-token losses, shape {tuple(lp.shape)}, got {got}")
+        # where, not a product: an ignored row's loss (whatever loss_fn makes of logp 0) is left out, NaN included
+        total = torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device)).sum()
+        if denom is not None:
+            total = total / denom
+        g_lp = g_en = None
+        if need_grad and total.requires_grad:
+            g_lp, g_en = torch.autograd.grad(total, (lp, en), allow_unused=True)
+    if need_grad and g_lp is None and g_en is None:  # the loss does not depend on them: zero gradient
+        g_lp = torch.zeros_like(logp)
+    return total.detach(), g_lp, g_en
+
+
+def _setup(hidden, weight, bias, token_ids, spec: Spec, needs, acc_dtype, loss_dtype, zeroed: bool):
+    """Rows, ids, the kept-row mask, the mean's divisor, and the gradient buffers (dW, db in ``acc_dtype``;
+    ``zeroed``: the pass adds into them from the first chunk on)."""
+    h, ids = _prepare(hidden, token_ids)
+    n, vocab = h.shape[0], weight.shape[0]
+    need_h, need_w, need_b = needs[0], needs[1], bias is not None and needs[2]
+    keep = ids != spec.ignore_index
+    denom = keep.sum().clamp_min(1).to(loss_dtype) if spec.mean else None
+    new = torch.zeros if zeroed or n == 0 else torch.empty  # no chunk at all: the gradient is 0
+    dh = torch.empty(h.shape, dtype=h.dtype, device=h.device) if need_h else None
+    dw = new(weight.shape, dtype=acc_dtype, device=h.device) if need_w else None
+    db = new((vocab,), dtype=acc_dtype, device=h.device) if need_b else None
+    return h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b)
+
+
+def _result(total, hidden, weight, dh, dw, db):
+    dh = dh.view(hidden.shape) if dh is not None else None
+    dw = dw.to(weight.dtype) if dw is not None else None
+    db = db.to(weight.dtype) if db is not None else None
+    return total, (dh, dw, db)
+
+
+def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
+    """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V)."""
+    from rlkernel.ops import logp_fused
+
+    logp_fused.ensure_registered()
+    forward, backward = logp_fused._FORWARD, torch.ops.rlkernel.logp_backward_inplace
+    h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
+                                                                         needs, weight.dtype, torch.float32, False)
+    n, vocab = h.shape[0], weight.shape[0]
+    need_grad = need_h or need_w or need_b
+    c = max(1, min(spec.chunk, n))
+    buf = torch.empty((c, vocab), dtype=h.dtype, device=h.device)  # the one [chunk, V] workspace
+    ones = torch.ones((c,), dtype=h.dtype, device=h.device) if need_b else None
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    wt = weight.t()
+    for s in range(0, n, c):
+        e = min(n, s + c)
+        hc, idc, logits = h[s:e], ids[s:e], buf[:e - s]
+        address, seq, sync = errors.begin(OP, h.device, spec.ids_shape, vocab, offset=s)
+        with op_range(RANGE):
+            if bias is None:
+                torch.mm(hc, wt, out=logits)
+            else:
+                torch.addmm(bias, hc, wt, out=logits)
+            with torch._C._AutoDispatchBelowAutograd():
+                logp, ent, stats = forward(logits, idc, spec.temperature, spec.ignore_index, True, address, seq,
+                                           errors.ERR_LOGP_BAD_ID, False, "fused")
+        loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
+        total.add_(loss)
+        if need_grad:
+            with op_range(RANGE):
+                backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
+                if need_h:
+                    torch.mm(logits, weight, out=dh[s:e])
+                if need_w:
+                    if s == 0:  # the first chunk writes dW: no fill kernel
+                        torch.mm(logits.t(), hc, out=dw)
+                    else:
+                        dw.addmm_(logits.t(), hc)
+                if need_b:
+                    if s == 0:
+                        torch.mv(logits.t(), ones[:e - s], out=db)
+                    else:
+                        db.addmv_(logits.t(), ones[:e - s])
+        errors.after_call(h.device, sync)
+    return _result(total, hidden, weight, dh, dw, db)
+
+
+def _native_logp(logits, safe, valid, bad, temperature, cdtype):
+    """Float32 (float64) log-probs and entropy of one chunk, differentiable; ignored rows 0, bad rows NaN."""
+    x = logits.to(cdtype) / temperature
+    logp_all = torch.log_softmax(x, dim=-1)
+    p = logp_all.exp()
+    # p log p is 0 where p is 0; the where keeps -inf out of the product and of its gradient
+    ent = -(p * torch.where(p > 0, logp_all, torch.zeros((), dtype=cdtype, device=x.device))).sum(-1)
+    tgt = logp_all.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    zero = torch.zeros((), dtype=cdtype, device=x.device)
+    nan = torch.full((), float("nan"), dtype=cdtype, device=x.device)
+    logp = torch.where(bad, nan, torch.where(valid, tgt, zero))
+    ent = torch.where(bad, nan, torch.where(valid, ent, zero))
+    return logp, ent
+
+
+def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
+    """The same chunking in PyTorch: float32 softmax of one chunk, autograd of that chunk for its gradients."""
+    cdtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
+                                                                         needs, cdtype, cdtype, True)
+    n, vocab = h.shape[0], weight.shape[0]
+    need_grad = need_h or need_w or need_b
+    bad = keep & ((ids < 0) | (ids >= vocab))
+    valid = keep & ~bad
+    safe = torch.where(valid, ids, torch.zeros_like(ids))
+    if h.device.type == "cuda":  # CPU ids were checked before the call
+        address, seq, sync = errors.begin(OP, h.device, spec.ids_shape, vocab)
+        with op_range(RANGE):
+            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad, ids)
+        errors.after_call(h.device, sync)
+    w = weight.detach().requires_grad_(need_w)
+    b = bias.detach().requires_grad_(need_b) if bias is not None else None
+    total = torch.zeros((), dtype=cdtype, device=h.device)
+    c = max(1, min(spec.chunk, n))
+    for s in range(0, n, c):
+        e = min(n, s + c)
+        with op_range(RANGE), torch.enable_grad():
+            hc = h[s:e].detach().requires_grad_(need_h)
+            logp, ent = _native_logp(torch.nn.functional.linear(hc, w, b), safe[s:e], valid[s:e], bad[s:e],
+                                     spec.temperature, cdtype)
+        loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
+        total.add_(loss)
+        if need_grad:
+            with op_range(RANGE):
+                outs = [(t, g) for t, g in ((logp, g_lp), (ent, g_en)) if g is not None]
+                inputs = [t for t, need in ((hc, need_h), (w, need_w), (b, need_b)) if need]
+                got = list(torch.autograd.grad([t for t, _ in outs], inputs, [g for _, g in outs],
+                                               allow_unused=True))
+                for t in inputs:
+                    g = got.pop(0)
+                    g = torch.zeros_like(t) if g is None else g
+                    if t is hc:
+                        dh[s:e] = g
+                    elif t is w:
+                        dw.add_(g)
+                    else:
+                        db.add_(g)
+    return _result(total, hidden, weight, dh, dw, db)

@@ -1,0 +1,154 @@
+"""The native (reference) backend of rlkernel.linear_logp: chunked PyTorch.
+
+The rows are taken a token chunk at a time, so no more than ``_CHUNK_BYTES`` of float32 logits (and the same again
+for their probabilities) exist at once: never the N x V logits. The backward recomputes each chunk's logits and
+feeds their gradient into the hidden-state and weight gradients (written out, so the native path opens its own
+``op.linear_logp.backward`` range and records its ``linear_logp.backward`` dispatch).
+
+Arithmetic: the logits are the matmul's result in the inputs' dtype (what ``hidden @ weight.T`` gives), then
+float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype.
+``batch_invariant=True`` pads every chunk to ``BI_ROWS`` rows, so each matmul and reduction sees one shape.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlkernel import dispatch, errors
+from rlkernel.nvtx_ranges import op_range
+
+_CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
+BI_ROWS = 128  # rows per matmul with batch_invariant=True
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunks(n: int, vocab: int, batch_invariant: bool):
+    rows = BI_ROWS if batch_invariant else max(1, _CHUNK_BYTES // (4 * max(vocab, 1)))
+    for r0 in range(0, n, rows):
+        yield r0, min(n, r0 + rows), rows
+
+
+def _pad(t, rows, value=0):
+    """t with rows appended (filled with ``value``) up to ``rows`` along dim 0."""
+    extra = rows - t.shape[0]
+    return t if extra <= 0 else torch.cat([t, t.new_full((extra,) + tuple(t.shape[1:]), value)])
+
+
+def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature):
+    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype, then upcast. With
+    batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended): every matmul and every row
+    reduction after it sees one shape; callers keep the first r1 - r0 rows of what they compute."""
+    h = _pad(hidden[r0:r1], rows) if batch_invariant else hidden[r0:r1]
+    logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+    return logits.to(cd) / temperature
+
+
+def _softmax_parts(x):
+    logp_all = torch.log_softmax(x, dim=-1)
+    return logp_all, logp_all.exp()
+
+
+def _entropy(p, logp_all):
+    # p log p is 0 where p is 0 (a -inf logit); NaN stays NaN
+    plogp = torch.where(p > 0, p * logp_all, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
+    return -plogp.sum(dim=-1)
+
+
+class _NativeLinearLogp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, temperature, return_entropy, batch_invariant,
+                record):
+        n, vocab = hidden.shape[0], weight.shape[0]
+        cd = _compute_dtype(hidden.dtype)
+        out = torch.zeros(n, dtype=cd, device=hidden.device)
+        ent = torch.zeros(n, dtype=cd, device=hidden.device) if return_entropy else None
+        for r0, r1, rows in _chunks(n, vocab, batch_invariant):
+            x = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature)
+            logp_all, p = _softmax_parts(x)
+            k = r1 - r0
+            out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
+            if return_entropy:
+                ent[r0:r1] = _entropy(p, logp_all)[:k]
+        zero, nan = torch.zeros((), dtype=cd, device=out.device), torch.full((), math.nan, dtype=cd, device=out.device)
+        out = torch.where(bad, nan, torch.where(valid, out, zero))
+        if return_entropy:
+            ent = torch.where(bad, nan, torch.where(valid, ent, zero))
+        ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)
+        ctx.temperature, ctx.batch_invariant, ctx.record = temperature, batch_invariant, record
+        ctx.set_materialize_grads(False)
+        return out, ent
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_ent):
+        hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
+        requested, status, reason = ctx.record
+        dispatch.record("linear_logp.backward", requested, "native", status, reason)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        with op_range("op.linear_logp.backward"):
+            n, vocab = hidden.shape[0], weight.shape[0]
+            cd = _compute_dtype(hidden.dtype)
+            t = ctx.temperature
+            w = weight.to(cd)
+            dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
+            dw = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
+            db = torch.zeros(vocab, dtype=cd, device=weight.device) if need_b else None
+            if grad_logp is None and grad_ent is None:
+                n = 0  # nothing reaches the outputs: zero gradients
+            for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
+                x = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, t)
+                m, k = x.shape[0], r1 - r0  # m = k, or the padded chunk (batch_invariant)
+                logp_all, p = _softmax_parts(x)
+                g = torch.zeros_like(x)
+                if grad_logp is not None:
+                    gl = _pad(grad_logp[r0:r1].to(cd), m).unsqueeze(-1)
+                    onehot = torch.zeros_like(x).scatter_(-1, _pad(safe_ids[r0:r1], m).unsqueeze(-1), 1.0)
+                    g = g + gl * (onehot - p)
+                if grad_ent is not None:
+                    ent = _entropy(p, logp_all).unsqueeze(-1)
+                    # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
+                    g = g - _pad(grad_ent[r0:r1].to(cd), m).unsqueeze(-1) * torch.where(p > 0, p * (logp_all + ent),
+                                                                                         0.0)
+                g = torch.where(_pad(valid[r0:r1], m, False).unsqueeze(-1), g / t, 0.0)  # padding rows: 0
+                g = torch.where(_pad(bad[r0:r1], m, False).unsqueeze(-1), math.nan, g)  # a bad id: NaN gradients
+                if need_h:
+                    dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
+                g = g[:k]
+                if need_w:
+                    dw += g.t() @ hidden[r0:r1].to(cd)
+                if need_b:
+                    db += g.sum(0)
+            cast = lambda a, like: a.to(like.dtype) if a is not None else None  # noqa: E731
+            return (cast(dh, hidden), cast(dw, weight), cast(db, weight) if bias is not None else None,
+                    None, None, None, None, None, None, None)
+
+
+def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
+                       batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False):
+    """Native log-probs of validated inputs: (logp, entropy or None), float32; ``keep_dtype`` keeps float64 for
+    float64 inputs (gradcheck). On CUDA a bad id gives NaN and goes to the device error record by tensor ops on
+    the stream (no host sync). The whole call runs inside ``op.linear_logp.forward``."""
+    with op_range("op.linear_logp.forward"):
+        lead, vocab = hidden.shape[:-1], weight.shape[0]
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        ids = token_ids.reshape(-1).long()
+        valid = ids != ignore_index
+        bad = valid & ((ids < 0) | (ids >= vocab))
+        valid = valid & ~bad
+        safe = torch.where(valid, ids, torch.zeros_like(ids))
+        status = "fallback" if fallback_reason else "native"
+        out, ent = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, float(temperature),
+                                           bool(return_entropy), bool(batch_invariant),
+                                           (requested, status, fallback_reason))
+        if hidden.device.type == "cuda":
+            address, seq, sync = errors.begin("linear_logp.forward", hidden.device, token_ids.shape, vocab)
+            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, hidden.device, bad, ids)
+            errors.after_call(hidden.device, sync)
+        if not keep_dtype:
+            out = out.float()
+            ent = ent.float() if ent is not None else None
+        out = out.view(lead)
+        return out, (ent.view(lead) if ent is not None else None)
