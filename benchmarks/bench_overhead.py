@@ -146,7 +146,13 @@ def breakdown(calls: int, runs: int) -> None:
         "errors.after_call": lambda: errors.after_call(x.device, False),
         "as_rows": lambda: logp_fused.as_rows(x),
         "torch.ops.rlkernel.logp_forward": lambda: torch.ops.rlkernel.logp_forward(rows, ids, 1.0, -100, False),
+        "rlkernel._C.logp_forward_eager": lambda: logp_fused._EAGER(rows, ids, 1.0, -100, False, 0, 0, 1),
         "torch.ops.rlkernel.sample": lambda: torch.ops.rlkernel.sample(xs, 1.0, 50, 0.9, None),
+        "rlkernel._C.sample_eager": lambda: sampling_fused._SAMPLE_EAGER(
+            xs, 1.0, 50, 0.9, None, 0, 0, 0.0, None, None, None, None, False, 0, None, 0, None),
+        "eager_entry_ok": lambda: logp_fused.eager_entry_ok(rows, ids),
+        "torch.empty_like (one small launch-free op)": lambda: torch.empty_like(ids),
+        "ids.add_(0) (one kernel launch)": lambda: ids.add_(0),
         "logp_fused (no checks, no dispatch)": lambda: logp_fused.logp_fused(
             x, ids, temperature=1.0, ignore_index=-100, return_entropy=False, inplace_backward=False),
         "sample_fused (no checks, no dispatch)": lambda: sampling_fused.sample_fused(
