@@ -13,8 +13,8 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
-  has the same problem shape and layout, 16-bit GEMMs run without cuBLAS split-K (``_no_split_k``), and a row's
-  reductions run in a fixed order, so its results do not depend on N or on where it sits.
+  has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
+  and a row's reductions run in a fixed order, so its results do not depend on N or on where it sits.
 
 Everything runs inside one NVTX range per call (``op.linear_logp.forward`` / ``.backward``), opened here: cuBLAS
 GEMM kernels and ``rlkernel_*`` kernels only. No host sync: bad ids go to the device error record.
@@ -73,16 +73,17 @@ def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple
     return rows, min(cols, half, vocab)
 
 
-def dh_accumulation(device: torch.device, dtype: torch.dtype) -> str:
+def dh_accumulation(device: torch.device, dtype: torch.dtype, batch_invariant: bool = False) -> str:
     """How the backward sums the hidden-state gradient over vocabulary chunks, by what aten's cuBLAS calls allow
     (torch versions differ): "addmm" (a float32 accumulator that cuBLAS adds into: ``addmm.dtype_out``), "mm+add"
     (each chunk's float32 product by ``mm.dtype_out``, added by our cast kernel: one more float32 [rows, H]
     buffer), "dtype" (summed in the inputs' dtype, rounded once per chunk). float32 inputs: "addmm". Tried once per
     device and dtype on 2 x 2 tensors: no values read, and nothing but the GEMMs launched (unfilled inputs), so the
-    op range it runs in stays GEMMs + ours."""
+    op range it runs in stays GEMMs + ours. batch_invariant: probed (by the caller) under ``batch_invariant_blas``,
+    whose settings some of these calls refuse."""
     if dtype == torch.float32:
         return "addmm"
-    key = (device.index, dtype)
+    key = (device.index, dtype, batch_invariant)
     mode = _dh_modes.get(key)
     if mode is None:
         a = torch.empty(2, 2, dtype=dtype, device=device)
@@ -106,26 +107,35 @@ _SPLIT_K_FLAGS = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
 
 
 @contextlib.contextmanager
-def _no_split_k(dtype: torch.dtype, batch_invariant: bool):
-    """With batch_invariant: cuBLAS GEMMs without split-K / stream-K reductions, whose split of K could differ between
-    the output tiles a row may fall in (torch's (allow_reduced_precision, allow_splitk) = (False, False) for 16-bit
-    GEMMs, restored after the call; where this torch lacks the pair, nothing changes). Process-wide while it lasts."""
-    attr = _SPLIT_K_FLAGS.get(dtype) if batch_invariant else None
-    if attr is None:
+def batch_invariant_blas(dtype: torch.dtype, device: torch.device, on: bool = True):
+    """With batch_invariant on CUDA: cuBLAS GEMMs through cuBLASLt without split-K / stream-K reductions, whose split
+    of K could differ between the output tiles a row may fall in (torch's preferred BLAS backend "cublaslt" and, for
+    16-bit GEMMs, (allow_reduced_precision, allow_splitk) = (False, False), which torch accepts only with cuBLASLt).
+    Both restored after the call; a setting this torch lacks is left as it is. Process-wide while it lasts."""
+    if not on or device.type != "cuda":
         yield
         return
     matmul = torch.backends.cuda.matmul
-    old = (getattr(matmul, attr), getattr(matmul, attr + "_split_k", True))
+    backend = flag = None
     try:
-        setattr(matmul, attr, (False, False))
-        changed = True
+        backend = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     except (TypeError, ValueError, RuntimeError, AttributeError):
-        changed = False
+        backend = None
+    attr = _SPLIT_K_FLAGS.get(dtype) if backend is not None else None
+    if attr is not None:
+        try:
+            flag = (getattr(matmul, attr), getattr(matmul, attr + "_split_k", True))
+            setattr(matmul, attr, (False, False))
+        except (TypeError, ValueError, RuntimeError, AttributeError):
+            flag = None
     try:
         yield
     finally:
-        if changed:
-            setattr(matmul, attr, old)
+        if flag is not None:
+            setattr(matmul, attr, flag)
+        if backend is not None:
+            torch.backends.cuda.preferred_blas_library(backend)
 
 
 def _logits_tile(h, weight, bias, c0, c1, out):
@@ -190,7 +200,7 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
     state = torch.empty(min(block, n) * 4, **f32)
     packed = torch.empty(block, hsize, dtype=rows2d.dtype, device=dev) if batch_invariant else None
     address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
-    with _no_split_k(rows2d.dtype, batch_invariant):
+    with batch_invariant_blas(rows2d.dtype, dev, batch_invariant):
         for r0, r1 in _blocks(n, block):
             h = _block_hidden(rows2d, r0, r1, packed)
             rows = r1 - r0
@@ -222,7 +232,7 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
     acc = tmp = None
     if need_h:
-        mode = dh_accumulation(dev, dtype)
+        mode = dh_accumulation(dev, dtype, batch_invariant)
         acc = torch.empty(m, hsize, dtype=dtype if mode == "dtype" else torch.float32, device=dev)
         if mode == "mm+add" and cols < vocab:
             tmp = torch.empty(m, hsize, dtype=torch.float32, device=dev)
@@ -280,7 +290,8 @@ class _FusedLinearLogp(torch.autograd.Function):
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
             return (None, None, None) + none
-        with op_range("op.linear_logp.backward"), _no_split_k(rows2d.dtype, ctx.batch_invariant):
+        with op_range("op.linear_logp.backward"), batch_invariant_blas(rows2d.dtype, rows2d.device,
+                                                                      ctx.batch_invariant):
             dh, dw, db = _backward(
                 rows2d, weight, bias, ids, stats, entropy, _row_grad(grad_logp), _row_grad(grad_entropy),
                 ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None)

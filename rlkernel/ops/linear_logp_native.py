@@ -7,7 +7,10 @@ feeds their gradient into the hidden-state and weight gradients (written out, so
 
 Arithmetic: the logits are the matmul's result in the inputs' dtype (what ``hidden @ weight.T`` gives), then
 float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype.
-``batch_invariant=True`` pads every chunk to ``BI_ROWS`` rows, so each matmul and reduction sees one shape.
+``batch_invariant=True`` pads every chunk to ``BI_ROWS`` rows and its logits to a multiple of ``_BI_COL_ALIGN``
+columns (-inf, probability 0), so each matmul and row reduction sees one shape and every row starts equally aligned
+(torch's row reductions split a row by its address), and on CUDA runs the matmuls as the fused path does
+(``batch_invariant_blas``: cuBLASLt without split-K).
 """
 from __future__ import annotations
 
@@ -17,9 +20,11 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops.linear_logp_fused import batch_invariant_blas
 
 _CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
 BI_ROWS = 128  # rows per matmul with batch_invariant=True
+_BI_COL_ALIGN = 16  # batch_invariant: logits rows padded to a multiple of this many columns (64 bytes in float32)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -40,11 +45,19 @@ def _pad(t, rows, value=0):
 
 def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature):
     """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype, then upcast. With
-    batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended): every matmul and every row
-    reduction after it sees one shape; callers keep the first r1 - r0 rows of what they compute."""
-    h = _pad(hidden[r0:r1], rows) if batch_invariant else hidden[r0:r1]
-    logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
-    return logits.to(cd) / temperature
+    batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended) and its rows are padded with -inf
+    columns to a multiple of _BI_COL_ALIGN: every matmul and every row reduction after it sees one shape and one
+    row alignment; callers keep the first r1 - r0 rows and V columns of what they compute."""
+    if not batch_invariant:
+        h = hidden[r0:r1]
+        return (torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()).to(cd) / temperature
+    h = _pad(hidden[r0:r1], rows)
+    with batch_invariant_blas(h.dtype, h.device):
+        logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+    vocab = weight.shape[0]
+    x = torch.full((rows, -(-vocab // _BI_COL_ALIGN) * _BI_COL_ALIGN), -math.inf, dtype=cd, device=h.device)
+    x[:, :vocab] = logits.to(cd) / temperature
+    return x
 
 
 def _softmax_parts(x):
@@ -114,8 +127,10 @@ class _NativeLinearLogp(torch.autograd.Function):
                                                                                          0.0)
                 g = torch.where(_pad(valid[r0:r1], m, False).unsqueeze(-1), g / t, 0.0)  # padding rows: 0
                 g = torch.where(_pad(bad[r0:r1], m, False).unsqueeze(-1), math.nan, g)  # a bad id: NaN gradients
+                g = g[:, :vocab]  # the logits' columns (batch_invariant padded them)
                 if need_h:
-                    dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
+                    with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
+                        dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
                 g = g[:k]
                 if need_w:
                     dw += g.t() @ hidden[r0:r1].to(cd)
