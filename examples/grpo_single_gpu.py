@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the rollout records both; the importance ratio uses this kind, against training log-probs "
                         "of the same kind: raw = under the unfiltered softmax(logits / T) (T = 1 where T = 0), "
                         "processed = under the --top-k/--top-p-filtered distribution the token was drawn from (no "
-                        "log S term in the ratio); the KL to the reference uses raw log-probs either way")
+                        "log S term in the ratio; at --temperature 0 they are 0, so no policy gradient); the KL to the "
+                        "reference uses raw log-probs either way")
     p.add_argument("--seed", type=int, default=d.seed)
     return p
 
