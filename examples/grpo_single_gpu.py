@@ -19,7 +19,15 @@ import torch  # noqa: E402
 
 from rlkernel import FallbackWarning, FusedKernelUnavailable, dispatch  # noqa: E402
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser  # noqa: E402
-from rlkernel.grpo import DTYPES, ROUNDING_ULPS, GRPOConfig, Trainer, compare_backends, compare_tolerance  # noqa: E402
+from rlkernel.grpo import (  # noqa: E402
+    DTYPES,
+    ROLLOUT_LOGPROBS,
+    ROUNDING_ULPS,
+    GRPOConfig,
+    Trainer,
+    compare_backends,
+    compare_tolerance,
+)
 
 PROG = "grpo_single_gpu"
 BUILD_HINT = "build it on a CUDA machine with: MAX_JOBS=2 python setup.py build_ext --inplace"
@@ -53,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=d.temperature, help="sampling and log-prob temperature")
     p.add_argument("--top-k", type=int, default=d.top_k, help="0 keeps every token")
     p.add_argument("--top-p", type=float, default=d.top_p)
+    p.add_argument("--rollout-logprobs", choices=ROLLOUT_LOGPROBS, default=d.rollout_logprobs,
+                   help="the rollout records both; the importance ratio uses this kind, against training log-probs "
+                        "of the same kind: raw = under the unfiltered softmax(logits / T) (T = 1 where T = 0), "
+                        "processed = under the --top-k/--top-p-filtered distribution the token was drawn from (no "
+                        "log S term in the ratio; at --temperature 0 they are 0, so no policy gradient); the KL to the "
+                        "reference uses raw log-probs either way")
     p.add_argument("--seed", type=int, default=d.seed)
     return p
 
@@ -62,7 +76,7 @@ def _config(args) -> GRPOConfig:
                      prompt_len=args.prompt_len, completion_len=args.completion_len, vocab_size=args.vocab_size,
                      hidden_dim=args.hidden_dim, lr=args.lr, clip_eps=args.clip_eps, beta=args.beta,
                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                     dtype=DTYPES[args.dtype])
+                     rollout_logprobs=args.rollout_logprobs, dtype=DTYPES[args.dtype])
     try:
         cfg.validate()
     except ValueError as exc:
@@ -128,7 +142,8 @@ def _train(args, cfg, device) -> int:
         ok &= gap_ok
         print(f"step {k + 1}/{args.steps}  loss {r.loss:.6g}  policy_loss {r.policy_loss:.6g}  kl {r.kl:.6g}  "
               f"reward {r.mean_reward:.4f}  logp.forward {_fmt_status(r.logp_forward)}  "
-              f"logp.backward {_fmt_status(r.logp_backward)}  sample {_fmt_status(r.sample)}  {gap}", flush=True)
+              f"logp.backward {_fmt_status(r.logp_backward)}  sample {_fmt_status(r.sample)}  "
+              f"rollout_logprobs {r.rollout_logprobs}  {gap}", flush=True)
         if k == 0 and args.require_fused_logp:
             _strict_check(r)
     if not ok:
@@ -149,7 +164,8 @@ def _compare(args, cfg, device) -> int:
         verdict = "EXCEEDED" if over else ("ok" if checked else "not checked")
         print(f"step {c.index + 1}/{args.steps}  loss[{args.logp_backend}: {c.first.logp_forward[0]}/"
               f"{c.first.logp_backward[0]}] {c.first.loss:.9f}  loss[native] {c.native.loss:.9f}  "
-              f"|diff| {c.diff:.3g}  bound {c.bound:.3g}  {verdict}  (logp delta {c.first.logp_delta:.2g})", flush=True)
+              f"|diff| {c.diff:.3g}  bound {c.bound:.3g}  {verdict}  (logp delta {c.first.logp_delta:.2g}, "
+              f"rollout_logprobs {c.first.rollout_logprobs})", flush=True)
         if c.index == 0 and args.require_fused_logp:
             _strict_check(c.first)
         if largest is None or c.diff > largest.diff:

@@ -8,6 +8,11 @@ vocabulary-sized work rlkernel owns: the rollout's ``rlkernel.sample`` calls and
 One rollout feeds one optimizer step, so the "old" policy of the ratio is the rollout's own parameters and
 the sampler's log-probs serve as old log-probs; how far they are from the training log-probs of the same
 tokens is reported as ``sampler_gap``.
+
+The rollout records two log-probs per token: the raw one (under the unfiltered softmax(logits / T)) and the
+processed one (under the top_k/top_p-filtered distribution the token was drawn from). ``rollout_logprobs``
+picks which the ratio uses; the training log-probs are then the same kind (``rlkernel.logp`` without or with
+the sampler's filters), so the ratio compares like with like and carries no log S term (S = the kept mass).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import rlkernel
 from rlkernel import dispatch
 from rlkernel.numerics import DTYPES, LOGP_TOLERANCE
 
+ROLLOUT_LOGPROBS = ("raw", "processed")  # GRPOConfig.rollout_logprobs / --rollout-logprobs
 EOS = 0  # token id that ends a completion; later tokens are masked out of the loss
 IGNORE = -100  # ignore_index handed to rlkernel.logp for masked positions
 
@@ -41,6 +47,9 @@ class GRPOConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    # which rollout log-probs the importance ratio uses (and so which training log-probs): "raw" (unfiltered
+    # softmax(logits / T)) or "processed" (the top_k/top_p-filtered distribution the token was drawn from)
+    rollout_logprobs: str = "raw"
     dtype: torch.dtype = torch.float32  # of the logits (the LM head runs in it; master weights stay float32)
 
     @property
@@ -50,8 +59,14 @@ class GRPOConfig:
 
     @property
     def logp_temperature(self) -> float:
-        # sample() reports log-probs at T = 1 for greedy (T = 0) decoding; training must use the same T
+        # sample() reports raw log-probs at T = 1 for greedy (T = 0) decoding; training must use the same T
         return self.temperature if self.temperature > 0 else 1.0
+
+    @property
+    def processed_logp_args(self) -> dict:
+        """rlkernel.logp's arguments for the processed log-probs: the sampler's own temperature and filters (T = 0
+        stays 0 there: log-prob 0 for the argmax, docs/contracts.md section 1)."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
     def validate(self) -> None:
         """Raise ValueError with one line naming the first bad setting."""
@@ -75,6 +90,9 @@ class GRPOConfig:
             raise ValueError(f"top-k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.rollout_logprobs not in ROLLOUT_LOGPROBS:
+            raise ValueError(f"rollout-logprobs must be one of {', '.join(ROLLOUT_LOGPROBS)}, "
+                             f"got {self.rollout_logprobs!r}")
         if self.dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
 
@@ -118,7 +136,9 @@ class Rollout:
     prompts: torch.Tensor  # (B, P), each prompt repeated samples_per_prompt times (rows of one group adjacent)
     completions: torch.Tensor  # (B, C) sampled ids
     mask: torch.Tensor  # (B, C) bool: tokens up to and including the first EOS
-    sampler_logp: torch.Tensor  # (B, C) float32 log-probs returned by rlkernel.sample
+    sampler_logp: torch.Tensor  # (B, C) float32: the one of the two below that training uses (cfg.rollout_logprobs)
+    sampler_logp_raw: torch.Tensor  # (B, C) float32 drawn token's log-prob under the unfiltered softmax(logits / T')
+    sampler_logp_processed: torch.Tensor  # (B, C) float32 ... under the filtered distribution it was drawn from
     rewards: torch.Tensor  # (B,) float32
     advantages: torch.Tensor  # (B,) float32
     sample_records: list = field(default_factory=list)  # dispatch records of the rollout's sample() calls
@@ -133,13 +153,14 @@ class StepResult:
     logp_forward: tuple[str, str]  # (status, reason) of the training logp.forward calls (worst if several)
     logp_backward: tuple[str, str]
     sample: tuple[str, str]
-    sampler_gap: float  # max |sampler log-prob - training log-prob| over completion tokens, same params and T
+    sampler_gap: float  # max |sampler log-prob - training log-prob| over completion tokens, same params, T, kind
     grad_weight: float  # max over tokens of |d loss / d logp_t| (weights of the loss in the log-probs)
     max_abs_logp: float  # max |training log-prob| over completion tokens
     records: list = field(default_factory=list)  # (Dispatch, count) of the training forward+backward
     # with measure_native: max |logp - native logp| over completion tokens on these very logits (0 if native ran)
     logp_delta: float = 0.0
     lse_scale: float = 0.0  # max |logit / T| + log V: bounds |log-sum-exp|, the scale of a logp's rounding error
+    rollout_logprobs: str = "raw"  # which log-probs the ratio used (GRPOConfig.rollout_logprobs)
 
 
 def completion_mask(completions: torch.Tensor) -> torch.Tensor:
@@ -185,14 +206,19 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
     # them invisible to earlier positions), so their shapes, and thus their rounding, match the training forward.
     buf = torch.full((B, P + C - 1), EOS, dtype=torch.long, device=device)
     buf[:, :P] = prompts
-    ids, lps = [], []
-    with dispatch.recording() as rec:  # this rollout's sample records
+    ids, raw, processed = [], [], []
+    with dispatch.recording() as rec:  # this rollout's sample (and raw logp.forward) records
         for t in range(C):
             h = policy.features(buf)[:, P - 1 + t]
-            tok, lp = rlkernel.sample(policy.logits(h, cfg.dtype), temperature=cfg.temperature, top_k=cfg.top_k,
-                                      top_p=cfg.top_p, generator=generator, return_logprobs=True)
+            logits = policy.logits(h, cfg.dtype)
+            # One draw gives both log-probs: sample() returns the processed one (bitwise rlkernel.logp with the
+            # same filters), and the raw one is rlkernel.logp on the same logits, ids and T' (1 where T = 0) on the
+            # same backend ("auto" both), bitwise what return_logprobs=True would have returned.
+            tok, lp = rlkernel.sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                      generator=generator, return_logprobs="processed")
             ids.append(tok)
-            lps.append(lp)
+            processed.append(lp)
+            raw.append(rlkernel.logp(logits, tok, temperature=cfg.logp_temperature))
             if P + t < buf.shape[1]:
                 # a row without a distribution draws -1 (in the device error record, raised at the step's check):
                 # the buffer feeds an embedding, which must not index -1 (a device assert would end the process)
@@ -200,7 +226,9 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
     completions = torch.stack(ids, 1)
     mask = completion_mask(completions)
     rewards = synthetic_reward(prompts, completions, mask)
-    return Rollout(prompts, completions, mask, torch.stack(lps, 1).float(), rewards,
+    raw, processed = torch.stack(raw, 1).float(), torch.stack(processed, 1).float()
+    used = processed if cfg.rollout_logprobs == "processed" else raw
+    return Rollout(prompts, completions, mask, used, raw, processed, rewards,
                    group_advantages(rewards, cfg.samples_per_prompt), rec.records)
 
 
@@ -210,13 +238,14 @@ class LossTerms:
     loss: torch.Tensor
     policy_loss: torch.Tensor
     kl: torch.Tensor
-    lp: torch.Tensor  # (B, C) float32 policy log-probs (0 at masked positions)
+    lp: torch.Tensor  # (B, C) float32 policy log-probs of the ratio, cfg.rollout_logprobs' kind (0 at masked)
+    lp_raw: torch.Tensor  # (B, C) float32 raw policy log-probs of the KL (the very tensor lp in "raw" mode)
     logits: torch.Tensor  # (B * C, V) the policy's logits
     ids: torch.Tensor  # (B, C) completion ids, IGNORE at masked positions
     ratio: torch.Tensor
     adv: torch.Tensor
     clipped: torch.Tensor
-    d: torch.Tensor  # ref - lp
+    d: torch.Tensor  # ref - lp_raw
 
 
 class Trainer:
@@ -231,14 +260,23 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.seed + 1)
 
-    def _logp(self, model: Policy, ro: Rollout, ids: torch.Tensor) -> torch.Tensor:
+    def _logits(self, model: Policy, ro: Rollout) -> torch.Tensor:
         cfg = self.cfg
         seq = torch.cat([ro.prompts, ro.completions[:, :-1]], 1)
         h = model.features(seq)[:, cfg.prompt_len - 1:]  # the positions that predict the completion tokens
-        logits = model.logits_per_position(h, cfg.dtype).reshape(-1, cfg.vocab_size)
-        lp = rlkernel.logp(logits, ids.reshape(-1), temperature=cfg.logp_temperature, ignore_index=IGNORE,
-                           backend=self.logp_backend, require_fused=self.require_fused)
-        return lp.view(ids.shape), logits
+        return model.logits_per_position(h, cfg.dtype).reshape(-1, cfg.vocab_size)
+
+    def _logp(self, logits: torch.Tensor, ids: torch.Tensor, *, processed: bool, backend: str | None = None):
+        """Raw (T' as the sampler's raw log-probs) or processed (the sampler's filters) log-probs, shaped as ids."""
+        cfg = self.cfg
+        kind = cfg.processed_logp_args if processed else {"temperature": cfg.logp_temperature}
+        if backend is None:
+            backend, strict = self.logp_backend, self.require_fused
+        else:
+            strict = False
+        lp = rlkernel.logp(logits, ids.reshape(-1), **kind, ignore_index=IGNORE, backend=backend,
+                           require_fused=strict)
+        return lp.view(ids.shape)
 
     def loss_terms(self, ro: Rollout) -> LossTerms:
         """The GRPO loss of the policy on a fixed rollout, forward only: no optimizer step, no host sync (a CUDA
@@ -248,21 +286,28 @@ class Trainer:
         zero = torch.zeros((), device=self.device)
         # masked positions: logp gives 0 there, so old/ref are zeroed too (no exp overflow from a masked token)
         old = torch.where(mask, ro.sampler_logp, zero)
+        processed = cfg.rollout_logprobs == "processed"
+        # The KL to the reference stays on raw log-probs in both modes: a filtered reference gives -inf for a
+        # token outside its own kept set (an infinite k3 term), and the KL of the unfiltered policies is the
+        # regulariser GRPO means. With "processed" the ratio's log-probs are a second logp call on the same logits.
         with torch.no_grad():
-            ref = self._logp(self.reference, ro, ids)[0]
-        lp, logits = self._logp(self.policy, ro, ids)
+            ref = self._logp(self._logits(self.reference, ro), ids, processed=False)
+        logits = self._logits(self.policy, ro)
+        lp_raw = self._logp(logits, ids, processed=False)
+        lp = self._logp(logits, ids, processed=True) if processed else lp_raw
         ratio = torch.exp(lp - old)
         adv = ro.advantages.unsqueeze(1)
         clipped = ratio.clamp(1 - cfg.clip_eps, 1 + cfg.clip_eps)
         policy_tok = -torch.minimum(ratio * adv, clipped * adv)
-        d = ref - lp
+        d = ref - lp_raw
         kl_tok = torch.exp(d) - d - 1  # k3 estimator of KL(policy || reference): >= 0, unbiased
         m = mask.float()
         n = m.sum(1)
         # per-sequence masked mean over completion tokens, then the mean over sequences (GRPO)
         policy_loss = ((policy_tok * m).sum(1) / n).mean()
         kl = ((kl_tok * m).sum(1) / n).mean()
-        return LossTerms(policy_loss + cfg.beta * kl, policy_loss, kl, lp, logits, ids, ratio, adv, clipped, d)
+        return LossTerms(policy_loss + cfg.beta * kl, policy_loss, kl, lp, lp_raw, logits, ids, ratio, adv, clipped,
+                         d)
 
     def train_step(self, ro: Rollout, *, measure_native: bool = False) -> StepResult:
         cfg, mask = self.cfg, ro.mask
@@ -278,9 +323,11 @@ class Trainer:
             rlkernel.check_errors(self.device)
             self.optimizer.step()
         with torch.no_grad():
-            gap = (lp.detach() - ro.sampler_logp).abs()[mask].max()
+            gap = (lp.detach() - ro.sampler_logp).abs()[mask].max()  # the same kind on both sides
             # |d loss_token / d logp|: the ratio term (0 where the clip is active) plus the k3 term; each token's
-            # loss enters the total with weight 1 / (n_seq * n_tokens_of_its_seq)
+            # loss enters the total with weight 1 / (n_seq * n_tokens_of_its_seq). With "processed" the two terms
+            # hang on two log-probs of the token; their sum still bounds the loss's move when each log-prob moves
+            # by at most logp_delta (the larger of the two kinds' deltas, below).
             unclipped = (ratio * adv <= clipped * adv) | (ratio == clipped)
             dterm = torch.where(unclipped, ratio * adv.abs(), zero) + cfg.beta * (1 - torch.exp(d)).abs()
             grad_weight = dterm[mask].max()
@@ -289,15 +336,18 @@ class Trainer:
         delta, scale = 0.0, 0.0
         if measure_native:  # after records were taken: not a training call (the logits predate the update)
             with torch.no_grad():
-                nat = rlkernel.logp(logits.detach(), ids.reshape(-1), temperature=cfg.logp_temperature,
-                                    ignore_index=IGNORE, backend="native").view(ids.shape)
-                delta = float((lp.detach() - nat).abs()[mask].max())
+                x = logits.detach()
+                delta = float((t.lp_raw.detach() - self._logp(x, ids, processed=False, backend="native"))
+                              .abs()[mask].max())
+                if cfg.rollout_logprobs == "processed":
+                    nat = self._logp(x, ids, processed=True, backend="native")
+                    delta = max(delta, float((lp.detach() - nat).abs()[mask].max()))
                 scale = float(logits.detach().abs().max()) / cfg.logp_temperature + math.log(cfg.vocab_size)
         result = StepResult(float(loss.detach()), float(policy_loss.detach()), float(kl.detach()),
                           float(ro.rewards.mean()),
                           _status(records, "logp.forward"), _status(records, "logp.backward"),
                           _status(ro.sample_records, "sample"), float(gap), float(grad_weight), float(max_abs_lp),
-                          records, delta, scale)
+                          records, delta, scale, cfg.rollout_logprobs)
         return result
 
     def step(self) -> StepResult:

@@ -521,21 +521,23 @@ def _compare_grpo(inp) -> str | None:
 
 def _grpo_bytes(s: Shape, dtype) -> int:
     # The vocabulary-sized tensors of one step, R = batch * completion rows of V logits in the logits' dtype:
-    # rollout head writes + sampler reads (2), policy head writes per position + stack copy (read, write) +
-    # logp forward reads (4), reference head writes + logp reads (2), logp backward reads logits, writes
-    # their gradient, the head's backward reads it (3): 11 passes. Plus the float32 head weight (V x H): read
+    # rollout head writes + sampler reads + the rollout's raw logp reads (3), policy head writes per position +
+    # stack copy (read, write) + logp forward reads (4), reference head writes + logp reads (2), logp backward
+    # reads logits, writes their gradient, the head's backward reads it (3): 12 passes (rollout_logprobs "raw",
+    # the default; "processed" adds a second policy logp). Plus the float32 head weight (V x H): read
     # by C rollout GEMMs, 2 forwards and the backward, its gradient written, AdamW reads p, g, m, v and writes
     # p, m, v; the embedding (V x H) gets a dense gradient and the same AdamW traffic. O(R*H) terms are left out.
     R, V, H = s.rows, s.vocab_size, _GRPO_HIDDEN
     weight = V * H * 4
-    return 11 * R * V * _size(dtype) + weight * (s.seq_len + 3 + 1 + 7) + weight * (1 + 7)
+    return 12 * R * V * _size(dtype) + weight * (s.seq_len + 3 + 1 + 7) + weight * (1 + 7)
 
 
 def _grpo_flops(s: Shape, dtype) -> int:
     # head GEMMs 2*R*H*V each: rollout, policy and reference forwards, two backward GEMMs (5); the softmax
-    # passes at 5 flops per logit: sampler, its log-prob, policy and reference logp forwards, logp backward (5).
+    # passes at 5 flops per logit: sampler, its log-prob, the rollout's raw logp, policy and reference logp
+    # forwards, logp backward (6).
     R, V, H = s.rows, s.vocab_size, _GRPO_HIDDEN
-    return 5 * 2 * R * H * V + 5 * 5 * R * V
+    return 5 * 2 * R * H * V + 6 * 5 * R * V
 
 
 register(Workload(

@@ -1,14 +1,18 @@
 """The GRPO step (rlkernel.grpo) and its CLI (examples/grpo_single_gpu.py), on CPU."""
+import dataclasses
 import importlib.util
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from reference_filtered import kept_set
 
+import rlkernel
 from rlkernel import workloads
-from rlkernel.grpo import GRPOConfig, Trainer, compare_backends, completion_mask, group_advantages
+from rlkernel.grpo import GRPOConfig, Trainer, compare_backends, completion_mask, group_advantages, rollout
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "grpo_single_gpu.py"
@@ -33,6 +37,83 @@ def test_two_steps_finite_loss_and_learning_signal():
     assert results[0].kl == 0.0  # policy == reference before the first update
     assert results[1].kl > 0.0  # the update moved the policy (the backward reached the parameters)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters(), strict=True))
+
+
+FILTERED = [(0.7, 5, 0.8), (1.0, 0, 0.6), (1.3, 7, 1.0), (0.0, 5, 0.8)]  # (temperature, top_k, top_p)
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+@pytest.mark.parametrize("temperature,top_k,top_p", FILTERED)
+def test_rollout_records_raw_and_processed_logprobs(mode, temperature, top_k, top_p):
+    cfg = dataclasses.replace(TINY, temperature=temperature, top_k=top_k, top_p=top_p, rollout_logprobs=mode,
+                              seed=int(torch.randint(0, 2**31, ())))
+    trainer = Trainer(cfg, "cpu")
+    ro = rollout(trainer.policy, cfg, trainer.generator, torch.device("cpu"))
+    # the training step's logits of the completion positions: bitwise the rollout's (Policy.logits_per_position)
+    with torch.no_grad():
+        logits = trainer._logits(trainer.policy, ro)
+    ids = ro.completions.reshape(-1)
+    lp_processed = rlkernel.logp(logits, ids, temperature=temperature, top_k=top_k, top_p=top_p)
+    lp_raw = rlkernel.logp(logits, ids, temperature=temperature if temperature > 0 else 1.0)  # T' (contracts)
+    assert torch.equal(ro.sampler_logp_processed.reshape(-1), lp_processed)
+    assert torch.equal(ro.sampler_logp_raw.reshape(-1), lp_raw)
+    assert ro.sampler_logp is (ro.sampler_logp_processed if mode == "processed" else ro.sampler_logp_raw)
+    # processed - raw = -log S, S = the kept mass of softmax(logits / T) (float64 reference); T = 0: processed is 0
+    diffs = []
+    for r in range(logits.shape[0]):
+        if temperature == 0:
+            assert lp_processed[r] == 0.0
+            continue
+        kept, _, margin = kept_set(logits[r], temperature, top_k, top_p, 0.0)
+        if margin < 1e-4:  # a top-p decision too close to call in float32: the float64 set may differ
+            continue
+        p = torch.softmax(logits[r].double() / temperature, -1)
+        neg_log_s = -math.log(float(p[kept].sum()))
+        diff = float(lp_processed[r]) - float(lp_raw[r])
+        assert diff == pytest.approx(neg_log_s, abs=1e-5, rel=1e-5), (r, kept)
+        assert diff >= 0.0  # S <= 1: a processed log-prob is never below the raw one
+        diffs.append(diff)
+    if temperature > 0:
+        assert max(diffs) > 1e-3  # these filters drop mass: the two kinds differ
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("mode", ["raw", "processed"])
+def test_both_rollout_logprob_modes_train(mode):
+    cfg = dataclasses.replace(TINY, top_k=5, top_p=0.8, rollout_logprobs=mode)
+    trainer = Trainer(cfg, "cpu")
+    results = [trainer.step() for _ in range(2)]
+    for r in results:
+        assert all(map(torch.isfinite, map(torch.tensor, (r.loss, r.policy_loss, r.kl)))), r
+        assert r.rollout_logprobs == mode
+        assert r.sampler_gap == 0.0  # the matching pair, same native path, bitwise the same logits
+    assert results[0].kl == 0.0 and results[1].kl > 0.0
+
+
+@pytest.mark.smoke
+def test_rollout_logprob_modes_differ_only_under_filters():
+    def params_after_one_step(**kw):
+        trainer = Trainer(dataclasses.replace(TINY, **kw), "cpu")
+        trainer.step()
+        return [p.detach().clone() for p in trainer.policy.parameters()]
+
+    # with filters the processed ratio's gradient lacks the log S term's: the updates differ
+    raw = params_after_one_step(top_k=5, top_p=0.8, rollout_logprobs="raw")
+    processed = params_after_one_step(top_k=5, top_p=0.8, rollout_logprobs="processed")
+    assert any(not torch.equal(a, b) for a, b in zip(raw, processed, strict=True))
+    # without a filter both kinds are the same log-prob: bitwise the same update
+    raw = params_after_one_step(temperature=0.7, rollout_logprobs="raw")
+    processed = params_after_one_step(temperature=0.7, rollout_logprobs="processed")
+    assert all(torch.equal(a, b) for a, b in zip(raw, processed, strict=True))
+
+
+@pytest.mark.smoke
+def test_bad_rollout_logprobs_is_a_value_error():
+    with pytest.raises(ValueError, match="rollout-logprobs must be one of raw, processed, got 'both'"):
+        GRPOConfig(rollout_logprobs="both").validate()
+    with pytest.raises(ValueError, match="rollout-logprobs"):
+        Trainer(GRPOConfig(rollout_logprobs="Raw"), "cpu")
 
 
 @pytest.mark.smoke
@@ -77,6 +158,15 @@ def test_cli_runs_two_steps_one_line_each():
     lines = p.stdout.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("step 1/2  loss ")
     assert "logp.backward fallback (tensor on cpu)" in lines[0]
+    assert all("rollout_logprobs raw  sampler_gap 0 " in line for line in lines)  # the default
+
+
+@pytest.mark.smoke
+def test_cli_processed_rollout_logprobs_two_steps():
+    p = _run("--device", "cpu", "--rollout-logprobs", "processed", "--top-k", "4", "--top-p", "0.9", *GUIDE_ARGS)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("rollout_logprobs processed  sampler_gap 0 " in line for line in lines)
 
 
 @pytest.mark.smoke
@@ -85,10 +175,12 @@ def test_cli_bad_input_is_one_line_exit_2(capsys):
     cli = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cli)  # in-process: one interpreter start for all the cases
     for bad in (["--top-p", "0"], ["--steps", "0"], ["--bogus"], ["--vocab-size", "1"],
-                ["--require-fused-logp", "--logp-backend", "native"]):
+                ["--require-fused-logp", "--logp-backend", "native"], ["--rollout-logprobs", "both"]):
         assert cli.main(["--device", "cpu", *bad]) == 2, bad
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and err.startswith("grpo_single_gpu: "), (bad, err)
+        if bad[0] == "--rollout-logprobs":
+            assert "--rollout-logprobs" in err and "raw" in err and "processed" in err, err
 
 
 @pytest.mark.smoke
@@ -108,7 +200,7 @@ def test_grpo_step_workload_runs_one_step_and_checks():
     r = wl.repetition(inp)
     assert torch.isfinite(torch.tensor(r.loss)) and r.logp_backward[0] == "fallback"
     assert wl.check(inp) is None
-    assert wl.bytes_moved(shape, torch.float32) > 11 * shape.rows * shape.vocab_size * 4
+    assert wl.bytes_moved(shape, torch.float32) > 12 * shape.rows * shape.vocab_size * 4
     assert wl.flops(shape, torch.float16) == wl.flops(shape, torch.float32) > 0
 
 
