@@ -30,10 +30,10 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import os
-import statistics
 import sys
 
 import torch
+from _timing import events_median, peak_extra  # beside this script: on sys.path when it runs
 
 from rlkernel.cli import CliError, OneLineParser
 
@@ -53,34 +53,6 @@ def _shape(text: str) -> tuple[int, int, int]:
     if min(n, h, v) < 1:
         raise CliError(f"--shapes: {text!r} needs positive sizes")
     return n, h, v
-
-
-def _events_median(fn, prep, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        prep()
-        fn()
-    pairs = []
-    for _ in range(repeat):
-        prep()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def _peak_extra(fn, prep) -> int:
-    prep()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return peak
 
 
 class Case:
@@ -282,8 +254,8 @@ def main(argv=None) -> int:
                                  note=f"skipped: {note}", command=cmd))
                 continue
             try:
-                ms = _events_median(run, prep, args.warmup, args.repeat)
-                extra = _peak_extra(run, prep) - subtract
+                ms = events_median(run, prep, args.warmup, args.repeat)
+                extra = peak_extra(run, prep) - subtract
             except torch.OutOfMemoryError:
                 case.zero_grads()
                 torch.cuda.empty_cache()

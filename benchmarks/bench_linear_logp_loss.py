@@ -21,13 +21,13 @@ built (``loss`` needs it).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from _timing import events_median, peak_extra  # noqa: E402 (beside this script: on sys.path when it runs)
 
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
@@ -56,32 +56,6 @@ def build_parser():
     p.add_argument("--chunk-size", type=int, default=None, help="linear_logp_loss chunk (default: its own)")
     p.add_argument("--temperature", type=float, default=1.0)
     return p
-
-
-def events_median(fn, prep, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        prep()
-        fn()
-    pairs = []
-    for _ in range(repeat):
-        prep()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def peak_extra(fn, prep) -> int:
-    prep()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
 
 
 def grpo_loss_fn(adv, old, eps=0.2, coef=0.01):

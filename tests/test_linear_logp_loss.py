@@ -245,6 +245,8 @@ def test_bad_arguments_raise_before_any_work():
         (dict(hidden=hid.long()), TypeError, "hidden"),
         (dict(weight=w.double()), TypeError, "weight dtype"),
         (dict(weight=w[:, :3]), ValueError, "weight shape"),
+        (dict(weight=w[None]), ValueError, r"weight must be \[V, H\]"),  # the checks linear_logp shares
+        (dict(weight=w[:0]), ValueError, "vocabulary of size 0"),
         (dict(bias=b[:5]), ValueError, "bias shape"),
         (dict(bias=b.double()), TypeError, "bias dtype"),
         (dict(token_ids=ids.float()), TypeError, "token_ids"),

@@ -18,69 +18,24 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import linear_logp_loss_chunks as chunks
-from rlkernel.validate import _int64, bad_id_error, check_temperature, position_in
+from rlkernel.validate import check_linear_args
 
 OP = "linear_logp_loss"
 REDUCTIONS = ("sum", "mean")
 CHUNK_BYTES = 1 << 30  # the default chunk holds about 1 GiB of logits (4096 tokens of a 128256 vocab in bf16)
 
 
-def _tensor(name: str, value, *, floating: bool) -> torch.Tensor:
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if floating and not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {value.dtype}")
-    if value.is_meta:
-        raise ValueError(f"{name} is on the meta device, which holds no values: use a CPU or CUDA tensor")
-    return value
-
-
 def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size) -> None:
     """Every argument, before any work (tensor metadata only on CUDA: no host sync). On CPU the ids too."""
-    _tensor("hidden", hidden, floating=True)
-    _tensor("weight", weight, floating=True)
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (logp, entropy, chunk_slice) -> per-token losses, got "
                         f"{type(loss_fn).__name__}")
-    if hidden.dim() < 1:
-        raise ValueError("hidden must have at least one dimension (the hidden size): [..., H]")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight shape {tuple(weight.shape)} must be [V, H] with H = hidden.shape[-1] = "
-                         f"{hidden.shape[-1]}")
-    if weight.shape[0] == 0 or weight.shape[0] >= 1 << 31:
-        raise ValueError(f"weight has {weight.shape[0]} rows: the vocabulary must be in [1, 2^31)")
-    for name, t in (("weight", weight), ("bias", bias)):
-        if t is None:
-            continue
-        _tensor(name, t, floating=True)
-        if t.dtype != hidden.dtype:
-            raise TypeError(f"{name} dtype {t.dtype} must equal hidden dtype {hidden.dtype}")
-        if t.device != hidden.device:
-            raise ValueError(f"hidden on {hidden.device} and {name} on {t.device}: must be on one device")
-    if bias is not None and bias.shape != weight.shape[:1]:
-        raise ValueError(f"bias shape {tuple(bias.shape)} must be [V] = ({weight.shape[0]},)")
-    _tensor("token_ids", token_ids, floating=False)
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
-        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if token_ids.shape != hidden.shape[:-1]:
-        raise ValueError(f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:-1] "
-                         f"{tuple(hidden.shape[:-1])} (hidden shape {tuple(hidden.shape)})")
-    if token_ids.device != hidden.device:
-        raise ValueError(f"hidden on {hidden.device} and token_ids on {token_ids.device}: must be on one device")
-    check_temperature(temperature, allow_zero=False)
-    ignore_index = _int64("ignore_index", ignore_index)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
                                    or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
-    if hidden.device.type == "cpu":  # no sync on CPU: raise at once, as rlkernel.logp does
-        ids = token_ids.reshape(-1).long()
-        vocab = weight.shape[0]
-        bad = (ids != ignore_index) & ((ids < 0) | (ids >= vocab))
-        if bool(bad.any()):
-            first = int(bad.nonzero()[0])
-            raise bad_id_error(position_in(first, token_ids.shape), int(ids[first]), vocab, OP)
+    check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
 
 
 def default_chunk(n: int, vocab: int, itemsize: int) -> int:
