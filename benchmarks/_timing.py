@@ -1,5 +1,5 @@
-"""CUDA-event timing and peak-memory helpers of bench_linear_logp.py and bench_linear_logp_loss.py (a module, not a
-script). Both need a CUDA device; importing this needs only torch."""
+"""CUDA-event timing and peak-memory helpers of bench_logp.py, bench_linear_logp.py and bench_linear_logp_loss.py (a
+module, not a script). They need a CUDA device; importing this needs only torch."""
 from __future__ import annotations
 
 import statistics

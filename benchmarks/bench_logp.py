@@ -19,41 +19,15 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import os
-import statistics
 import sys
 
 import torch
+from _timing import events_median, peak_extra  # beside this script: on sys.path when it runs
 
 from rlkernel.cli import CliError, OneLineParser
 
 L2_BYTES = 60 * 1024 * 1024
 DEFAULT_SHAPES = [(n, v) for n in (4096, 16384, 32768) for v in (32000, 128256, 151936)]
-
-
-def _events_median(fn, prep, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        prep()
-        fn()
-    pairs = []
-    for _ in range(repeat):
-        prep()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in pairs)
-
-
-def _peak_extra(fn, prep) -> int:
-    prep()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
 
 
 def _read_ceiling_fn(x: torch.Tensor):
@@ -160,8 +134,8 @@ def bench_shape(n: int, v: int, dtype, warmup: int, repeat: int, compiled_native
 
     for name, kind, fn, prep, moved in methods:
         try:
-            ms = _events_median(fn, prep, warmup, repeat)
-            extra = _peak_extra(fn, prep)
+            ms = events_median(fn, prep, warmup, repeat)
+            extra = peak_extra(fn, prep)
         except torch.OutOfMemoryError:
             torch.cuda.empty_cache()
             rows.append(dict(method=name, kind=kind, ms="OOM"))
@@ -212,7 +186,7 @@ def bench_processed(n: int, v: int, dtype, warmup: int, repeat: int) -> list[dic
                     lambda: rlkernel.logp(x(), ids, top_k=rows_k, top_p=rows_p, backend="fused")))
     out = []
     for name, fn in methods:
-        ms = _events_median(fn, rotate, warmup, repeat)
+        ms = events_median(fn, rotate, warmup, repeat)
         out.append(dict(method=name, ms=ms, n=n, v=v, dtype=str(dtype).removeprefix("torch.")))
     base = out[0]["ms"]
     for r in out:
