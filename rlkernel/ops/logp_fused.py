@@ -117,6 +117,23 @@ def as_rows(logits: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def flat_ids(token_ids: torch.Tensor) -> torch.Tensor:
+    """The token ids as the kernels read them: int64 [N], contiguous (a view when they already are)."""
+    ids = token_ids.reshape(-1)
+    if ids.dtype != torch.int64:
+        ids = ids.to(torch.int64)
+    return ids if ids.is_contiguous() else ids.contiguous()
+
+
+def report_as_logp_call(logits: torch.Tensor, report_as):
+    """(where the kernels report bad values, raise after the call): a calling op's ``report_as`` as given (its
+    errors, its sequence number), else this call's own ``logp.forward`` entry in the device error record."""
+    if report_as is not None:
+        return report_as, False
+    address, seq, sync = errors.begin("logp.forward", logits.device, logits.shape[:-1], logits.shape[-1])
+    return (address, seq, errors.ERR_LOGP_BAD_ID), sync
+
+
 def eager_entry_ok(*tensors) -> bool:
     """Whether an op may enter the extension directly (csrc/eager_entry.cpp), i.e. torch's dispatcher would add
     nothing: no torch.compile trace, no tensor subclass or dispatch mode (fake tensors, FlopCounter, ...) that must
@@ -141,19 +158,11 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
-    rows = as_rows(logits)
-    ids = token_ids.reshape(-1)
-    if ids.dtype != torch.int64:
-        ids = ids.to(torch.int64)
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
-    sync = False
-    if report_as is None:
-        address, seq, sync = errors.begin("logp.forward", logits.device, lead, logits.shape[-1])
-        report_as = (address, seq, errors.ERR_LOGP_BAD_ID)
+    rows, ids = as_rows(logits), flat_ids(token_ids)
+    report_as, sync = report_as_logp_call(logits, report_as)
     if not (torch.is_grad_enabled() and logits.requires_grad) and eager_entry_ok(rows, ids):
         # no gradient wanted, plain tensors, nothing tracing: straight into the extension, past torch's op dispatcher
-        # and the autograd wrapper register_autograd adds (about 20 us a call on the H200)
+        # and the autograd wrapper register_autograd adds (most of a small call's host time: docs/benchmarks.md)
         logp, entropy, _ = _EAGER(rows, ids, temperature, ignore_index, return_entropy, *report_as)
     else:
         logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,

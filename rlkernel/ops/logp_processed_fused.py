@@ -19,7 +19,7 @@ import contextlib
 import torch
 
 from rlkernel import _ext, dispatch, errors
-from rlkernel.ops.logp_fused import as_rows
+from rlkernel.ops.logp_fused import as_rows, flat_ids, report_as_logp_call
 from rlkernel.ops.sampling_fused import split_setting
 
 _registered = False
@@ -92,20 +92,12 @@ def logp_processed_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, tempe
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
-    rows = as_rows(logits)
-    ids = token_ids.reshape(-1)
-    if ids.dtype != torch.int64:
-        ids = ids.to(torch.int64)
-    if not ids.is_contiguous():
-        ids = ids.contiguous()
+    rows, ids = as_rows(logits), flat_ids(token_ids)
     t, t_rows = split_setting(temperature, 1.0, torch.float32)
     k, k_rows = split_setting(top_k, 0, torch.int64)
     p, p_rows = split_setting(top_p, 1.0, torch.float32)
     mp, mp_rows = split_setting(min_p, 0.0, torch.float32)
-    sync = False
-    if report_as is None:
-        address, seq, sync = errors.begin("logp.forward", logits.device, lead, logits.shape[-1])
-        report_as = (address, seq, errors.ERR_LOGP_BAD_ID)
+    report_as, sync = report_as_logp_call(logits, report_as)
     with_grad = torch.compiler.is_compiling() or (torch.is_grad_enabled() and logits.requires_grad)
     with contextlib.nullcontext() if with_grad else _BELOW_AUTOGRAD():
         logp, entropy, _, _ = _FORWARD(rows, ids, float(t), int(k), float(p), float(mp), t_rows, k_rows, p_rows,
