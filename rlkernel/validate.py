@@ -181,7 +181,9 @@ def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
         temperature = _row_tensor("temperature", temperature, logits, torch.float32)
     else:
         temperature = check_temperature(temperature, allow_zero=True)
-    if isinstance(top_k, torch.Tensor):
+    if type(top_k) is int and top_k >= 0:  # the common case first: the ABC checks below cost a loop's microseconds
+        top_k = min(top_k, vocab)  # k >= V keeps every token, as 0 does
+    elif isinstance(top_k, torch.Tensor):
         top_k = _row_tensor("top_k", top_k, logits, torch.int64)
     else:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Real) or not math.isfinite(top_k) \
