@@ -143,7 +143,10 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {args.dtype} | median of {args.repeat} "
           f"(warmup {args.warmup})")
-    print(f"{'shape NxHxV':>22} {'method':>12} {'ms':>9} {'x matmul':>9} {'TFLOP/s':>8} {'peak GiB':>9}  command")
+    # extra GB: the allocator's peak during one run minus what was allocated before it, less the gradients the run
+    # returns (hidden's and weight's; the matmul's output is allocated before it): bench_linear_logp.py's measure
+    print(f"{'shape NxHxV':>22} {'method':>12} {'ms':>9} {'x matmul':>9} {'TFLOP/s':>8} {'peak GiB':>9} "
+          f"{'extra GB':>9}  command")
     for n, h, v in shapes:
         fns = make_methods(n, h, v, dtype, args)
         base_ms = None
@@ -169,9 +172,11 @@ def main(argv=None) -> int:
             if m == "matmul":
                 base_ms = ms
             gemms = 1 if m == "matmul" else 3
+            grads = 0 if m == "matmul" else (n * h + v * h) * torch.empty((), dtype=dtype).element_size()
             tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
             ratio = f"{ms / base_ms:.2f}" if base_ms else "-"
-            print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f}  {cmd}",
+            print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f} "
+                  f"{(peak - grads) / 1e9:9.3f}  {cmd}",
                   flush=True)
         del fns
         torch.cuda.empty_cache()
