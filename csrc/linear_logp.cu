@@ -3,47 +3,19 @@
 // .backward) is opened by rlkernel/ops/linear_logp_fused.py around the GEMMs and these launches together.
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
+#include "rlkernel/launch.cuh"
 #include "rlkernel/linear_logp_api.h"
 #include "rlkernel/linear_logp_kernels.cuh"
 
 namespace rlkernel {
 namespace {
 
-const char* last_error() {
-  const cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
-}
-
-// Calls f(T{}) for the element type.
-template <class F> const char* with_type(ElemType dtype, F&& f) {
-  switch (dtype) {
-    case ElemType::kFloat32: f(float{}); return nullptr;
-    case ElemType::kFloat16: f(__half{}); return nullptr;
-    case ElemType::kBFloat16: f(__nv_bfloat16{}); return nullptr;
-  }
-  return "rlkernel: unknown element type";
-}
-
-// Calls f(T{}, std::integral_constant<int, TEAM>{}) for the element type and the row team of a chunk of `cols`.
-template <class F> const char* with_type_and_team(ElemType dtype, int64_t cols, F&& f) {
-  return with_type(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    switch (row_team_threads(cols, sizeof(T))) {
-      case 32: f(tag, std::integral_constant<int, 32>{}); break;
-      case 64: f(tag, std::integral_constant<int, 64>{}); break;
-      case 128: f(tag, std::integral_constant<int, 128>{}); break;
-      case 256: f(tag, std::integral_constant<int, 256>{}); break;
-      default: f(tag, std::integral_constant<int, 512>{}); break;
-    }
-  });
-}
-
-unsigned grid_for(int64_t n_rows, int team) {
-  const int64_t teams_per_cta = kCtaThreads / team;
-  return static_cast<unsigned>((n_rows + teams_per_cta - 1) / teams_per_cta);
-}
+using launch::inverse;
+using launch::last_error;
+using launch::launch_row_kernel;
+using launch::log2e_over;
+using launch::row_grad_inputs;
+using launch::with_type;
 
 unsigned elementwise_grid(int64_t n) {
   const int64_t blocks = (n + 255) / 256;
@@ -54,7 +26,6 @@ unsigned elementwise_grid(int64_t n) {
 
 const char* linear_logp_fold(const LinearFoldArgs& a) {
   if (a.n_rows == 0) return nullptr;
-  auto stream = static_cast<cudaStream_t>(a.stream);
   LinearFoldParams p;
   p.tile = a.tile;
   p.row_stride = a.row_stride;
@@ -63,7 +34,7 @@ const char* linear_logp_fold(const LinearFoldArgs& a) {
   p.cols = static_cast<int>(a.cols);
   p.col0 = a.col0;
   p.vocab = a.vocab;
-  p.c = static_cast<float>(1.4426950408889634 / a.temperature);
+  p.c = log2e_over(a.temperature);
   p.ignore_index = a.ignore_index;
   p.state = reinterpret_cast<float4*>(a.state);
   p.first = a.first;
@@ -73,22 +44,15 @@ const char* linear_logp_fold(const LinearFoldArgs& a) {
   p.stats = reinterpret_cast<float2*>(a.stats);
   p.row0 = a.row0;
   p.errors = a.errors;
-  const char* err = with_type_and_team(a.dtype, a.cols, [&](auto tag, auto team) {
-    using T = decltype(tag);
-    constexpr int TEAM = decltype(team)::value;
-    const unsigned grid = grid_for(a.n_rows, TEAM);
-    if (a.entropy != nullptr) {
-      rlkernel_linear_logp_fold_kernel<T, TEAM, true><<<grid, kCtaThreads, 0, stream>>>(p);
-    } else {
-      rlkernel_linear_logp_fold_kernel<T, TEAM, false><<<grid, kCtaThreads, 0, stream>>>(p);
-    }
-  });
-  return err ? err : last_error();
+  return launch_row_kernel(a.dtype, a.cols, a.n_rows, a.entropy != nullptr, a.stream, p,
+                           [](auto tag, auto team, auto entropy) {
+                             return rlkernel_linear_logp_fold_kernel<decltype(tag), decltype(team)::value,
+                                                                     decltype(entropy)::value>;
+                           });
 }
 
 const char* linear_logp_grad(const LinearGradArgs& a) {
   if (a.tile_rows == 0 || a.cols == 0) return nullptr;
-  auto stream = static_cast<cudaStream_t>(a.stream);
   LinearGradParams p;
   p.tile = a.tile;
   p.row_stride = a.row_stride;
@@ -98,26 +62,16 @@ const char* linear_logp_grad(const LinearGradArgs& a) {
   p.cols = static_cast<int>(a.cols);
   p.col0 = a.col0;
   p.vocab = a.vocab;
-  p.c = static_cast<float>(1.4426950408889634 / a.temperature);
-  p.inv_t = static_cast<float>(1.0 / a.temperature);
+  p.c = log2e_over(a.temperature);
+  p.inv_t = inverse(a.temperature);
   p.ignore_index = a.ignore_index;
-  p.grad_logp = a.grad_logp;
-  p.grad_logp_stride = a.grad_logp_stride;
-  p.grad_entropy = a.grad_entropy;
-  p.grad_entropy_stride = a.grad_entropy_stride;
-  p.entropy = a.entropy;
-  p.stats = reinterpret_cast<const float2*>(a.stats);
-  const char* err = with_type_and_team(a.dtype, a.cols, [&](auto tag, auto team) {
-    using T = decltype(tag);
-    constexpr int TEAM = decltype(team)::value;
-    const unsigned grid = grid_for(a.tile_rows, TEAM);
-    if (a.grad_entropy != nullptr) {
-      rlkernel_linear_logp_grad_kernel<T, TEAM, true><<<grid, kCtaThreads, 0, stream>>>(p);
-    } else {
-      rlkernel_linear_logp_grad_kernel<T, TEAM, false><<<grid, kCtaThreads, 0, stream>>>(p);
-    }
-  });
-  return err ? err : last_error();
+  p.in = row_grad_inputs(a);
+  // every tile row, padding included, gets a gradient (0 for padding)
+  return launch_row_kernel(a.dtype, a.cols, a.tile_rows, a.grad_entropy != nullptr, a.stream, p,
+                           [](auto tag, auto team, auto has_gh) {
+                             return rlkernel_linear_logp_grad_kernel<decltype(tag), decltype(team)::value,
+                                                                     decltype(has_gh)::value>;
+                           });
 }
 
 int64_t linear_logp_colsum_blocks(int64_t n_rows) { return (n_rows + kColsumRows - 1) / kColsumRows; }

@@ -43,6 +43,24 @@ const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tens
   return g->data_ptr<float>();
 }
 
+// The fields LinearFoldArgs and LinearGradArgs share (same names, same meaning): the tile and its rows' ids, the
+// chunk's place in the vocabulary, T, ignore_index and the stream. n: the rows with an id.
+template <class Args>
+void fill_tile(Args& a, const Tensor& tile, const Tensor& ids, int64_t n, int64_t col0, int64_t vocab,
+               double temperature, int64_t ignore_index) {
+  a.tile = tile.data_ptr();
+  a.row_stride = tile.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.cols = tile.size(1);
+  a.col0 = col0;
+  a.vocab = vocab;
+  a.dtype = rlkernel::elem_type_of(tile, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.stream = rlkernel::current_cuda_stream(tile.device().index());
+}
+
 // Folds one chunk's tile into the rows' running state; the last chunk writes logp, entropy (when it has elements)
 // and stats, and reports bad ids (error_record: the device record's address, 0 = nowhere).
 void fold(const Tensor& tile, const Tensor& ids, Tensor& state, Tensor& logp, Tensor& entropy, Tensor& stats,
@@ -60,16 +78,7 @@ void fold(const Tensor& tile, const Tensor& ids, Tensor& state, Tensor& logp, Te
   TORCH_CHECK(col0 >= 0 && col0 + tile.size(1) <= vocab, kOp, ": chunk outside the vocabulary");
   c10::DeviceGuard guard(tile.device());
   rlkernel::LinearFoldArgs a{};
-  a.tile = tile.data_ptr();
-  a.row_stride = tile.stride(0);
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
-  a.cols = tile.size(1);
-  a.col0 = col0;
-  a.vocab = vocab;
-  a.dtype = rlkernel::elem_type_of(tile, kOp);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
+  fill_tile(a, tile, ids, n, col0, vocab, temperature, ignore_index);
   a.state = state.data_ptr<float>();
   a.first = first;
   a.last = last;
@@ -78,7 +87,6 @@ void fold(const Tensor& tile, const Tensor& ids, Tensor& state, Tensor& logp, Te
   a.stats = stats.data_ptr<float>();
   a.row0 = row0;
   a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
-  a.stream = rlkernel::current_cuda_stream(tile.device().index());
   const char* err = rlkernel::linear_logp_fold(a);
   TORCH_CHECK(err == nullptr, kOp, " fold: ", err);
 }
@@ -95,17 +103,8 @@ void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::
   TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
   c10::DeviceGuard guard(tile.device());
   rlkernel::LinearGradArgs a{};
-  a.tile = tile.data_ptr();
-  a.row_stride = tile.stride(0);
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
+  fill_tile(a, tile, ids, n, col0, vocab, temperature, ignore_index);
   a.tile_rows = tile.size(0);
-  a.cols = tile.size(1);
-  a.col0 = col0;
-  a.vocab = vocab;
-  a.dtype = rlkernel::elem_type_of(tile, kOp);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
   a.grad_logp = optional_rows(grad_logp, n, tile, &a.grad_logp_stride);
   a.grad_entropy = optional_rows(grad_entropy, n, tile, &a.grad_entropy_stride);
   if (a.grad_entropy != nullptr) {
@@ -113,7 +112,6 @@ void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::
     a.entropy = entropy.data_ptr<float>();
   }
   a.stats = stats.data_ptr<float>();
-  a.stream = rlkernel::current_cuda_stream(tile.device().index());
   const char* err = rlkernel::linear_logp_grad(a);
   TORCH_CHECK(err == nullptr, kOp, " grad: ", err);
 }

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "rlkernel/error_record.h"
-#include "rlkernel/logp_api.h"  // ElemType
+#include "rlkernel/logp_api.h"  // ElemType, RowGradArgs
 
 namespace rlkernel {
 
@@ -31,7 +31,7 @@ struct LinearFoldArgs {
   void* stream;
 };
 
-struct LinearGradArgs {
+struct LinearGradArgs : RowGradArgs {  // dtype, T, ignore_index and the rows' g_l, g_H, entropy, stats
   void* tile;                // [tile_rows, cols], overwritten by the logits' gradient
   int64_t row_stride;
   const int64_t* ids;        // [n_rows]
@@ -40,15 +40,6 @@ struct LinearGradArgs {
   int64_t cols;
   int64_t col0;
   int64_t vocab;
-  ElemType dtype;
-  double temperature;
-  int64_t ignore_index;
-  const float* grad_logp;    // [n_rows] with stride, or nullptr
-  int64_t grad_logp_stride;
-  const float* grad_entropy; // [n_rows] with stride, or nullptr
-  int64_t grad_entropy_stride;
-  const float* entropy;      // forward entropy (with grad_entropy)
-  const float* stats;        // [n_rows, 2]
   void* stream;
 };
 

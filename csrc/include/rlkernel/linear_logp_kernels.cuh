@@ -13,7 +13,7 @@
 #pragma once
 
 #include "rlkernel/error_record.cuh"
-#include "rlkernel/logp_kernels.cuh"  // store_vec, pack_vec, fill_vec
+#include "rlkernel/row_grad.cuh"
 #include "rlkernel/row_reduce.cuh"
 
 namespace rlkernel {
@@ -91,18 +91,11 @@ struct LinearGradParams {
   float c;                 // log2(e) / T
   float inv_t;             // 1 / T
   long long ignore_index;
-  const float* grad_logp;  // [n_rows] with stride, or nullptr
-  long long grad_logp_stride;
-  const float* grad_entropy;  // [n_rows] with stride (HAS_GH)
-  long long grad_entropy_stride;
-  const float* entropy;    // [n_rows] forward entropy (HAS_GH)
-  const float2* stats;     // [n_rows]
+  RowGradInputs in;        // [n_rows] rows: g_l, g_H, the forward's entropy and stats (row_grad.cuh)
 };
 
 template <typename T, int TEAM, bool HAS_GH>
 __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kernel(const LinearGradParams p) {
-  constexpr int VEC = ElemTraits<T>::kVec;
-  constexpr int CHUNK = TEAM * kUnroll * VEC;
   constexpr int kTeams = kCtaThreads / TEAM;
   const long long row = static_cast<long long>(blockIdx.x) * kTeams + threadIdx.x / TEAM;
   if (row >= p.tile_rows) return;  // no barrier here: a team without a row just leaves
@@ -115,51 +108,13 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kern
   const bool aligned = (reinterpret_cast<uintptr_t>(g_row) & 15u) == 0;
   const int V = p.cols;
   if (ignored || bad) {  // ignored and padding rows: 0, so the GEMMs get nothing from them; a bad id: NaN
-    const RawVec fill = fill_vec<T>(ignored ? 0.0f : NAN);
-    for (int base = 0; base < V; base += CHUNK)
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int e0 = base + (u * TEAM + tid) * VEC;
-        if (e0 < V) store_vec<T>(g_row, e0, V, aligned, fill);
-      }
+    fill_grad_row<T, TEAM>(g_row, V, aligned, tid, ignored ? 0.0f : NAN);
     return;
   }
-  const float2 st = p.stats[row];
-  const float gl = p.grad_logp ? p.grad_logp[row * p.grad_logp_stride] : 0.0f;
-  const float gh = HAS_GH ? p.grad_entropy[row * p.grad_entropy_stride] : 0.0f;
-  const float H = HAS_GH ? p.entropy[row] : 0.0f;
-  // grad = p * (A + B * log2 p) + onehot * gl / T (as rlkernel_logp_bwd_kernel)
-  const float A = -(gl + gh * H) * p.inv_t;
-  const float B = -gh * kLn2 * p.inv_t;
-  const float G = gl * p.inv_t;
+  const RowGradCoeffs k = row_grad_coeffs<HAS_GH>(p.in, row, p.inv_t);
   const long long local = id - p.col0;
-  const int target = (local >= 0 && local < V) ? static_cast<int>(local) : -1;
-  for (int base = 0; base < V; base += CHUNK) {
-    RawVec v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e0 = base + (u * TEAM + tid) * VEC;
-      v[u] = e0 < V ? load_vec<T>(g_row, e0, V, aligned) : neg_inf_vec<T>();
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e0 = base + (u * TEAM + tid) * VEC;
-      float f[VEC];
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        const float lp = fmaf(raw_elem<T>(v[u], i), p.c, -st.x) - st.y;  // log2 p
-        const float pr = fast_exp2(lp);
-        f[i] = HAS_GH ? pr * fmaf(B, fmaxf(lp, kExpFloor), A) : pr * A;
-      }
-      if (static_cast<unsigned>(target - e0) < static_cast<unsigned>(VEC)) {  // target -1: never
-#pragma unroll
-        for (int i = 0; i < VEC; ++i)
-          if (e0 + i == target) f[i] += G;
-      }
-      pack_vec<T>(v[u], f);
-      if (e0 < V) store_vec<T>(g_row, e0, V, aligned, v[u]);
-    }
-  }
+  const int target = (local >= 0 && local < V) ? static_cast<int>(local) : -1;  // -1: in another chunk
+  write_grad_row<T, TEAM, HAS_GH>(g_row, aligned, g_row, aligned, V, tid, target, p.c, k);  // in place
 }
 
 // Column sums, pass 1: partial[b, col] = sum of rows b*kColsumRows .. (b+1)*kColsumRows-1 of the tile, in row order.

@@ -26,14 +26,10 @@ struct LogpForwardArgs {
   void* stream;
 };
 
-struct LogpBackwardArgs {
-  const void* logits;
-  int64_t row_stride;
-  void* grad;               // [n_rows, vocab] of dtype; may be logits itself (in place)
-  int64_t grad_row_stride;
-  const int64_t* ids;
-  int64_t n_rows;
-  int64_t vocab;
+// What a row's gradient needs besides its logits: the same fields, and meaning, in the logp backward
+// (LogpBackwardArgs) and the linear-logp grad (LinearGradArgs, linear_logp_api.h), whose launchers pass them on
+// to the kernels' shared RowGradInputs (row_grad.cuh) in one place.
+struct RowGradArgs {
   ElemType dtype;
   double temperature;
   int64_t ignore_index;
@@ -43,6 +39,16 @@ struct LogpBackwardArgs {
   int64_t grad_entropy_stride;
   const float* entropy;     // forward entropy, needed with grad_entropy
   const float* stats;       // [n_rows, 2] from the forward
+};
+
+struct LogpBackwardArgs : RowGradArgs {
+  const void* logits;
+  int64_t row_stride;
+  void* grad;               // [n_rows, vocab] of dtype; may be logits itself (in place)
+  int64_t grad_row_stride;
+  const int64_t* ids;
+  int64_t n_rows;
+  int64_t vocab;
   void* stream;
 };
 
