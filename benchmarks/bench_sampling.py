@@ -1,4 +1,4 @@
-"""Fused top-k/top-p sampling against the two native PyTorch ways, on device time (not a test).
+"""Fused top-k/top-p sampling against the two native PyTorch ways and FlashInfer (where it imports), on device time.
 
     python benchmarks/bench_sampling.py [--batches 1,32,64,128,256] [--vocab 128256] [--dtypes float32,bfloat16]
                                         [--top-k 50] [--top-p 0.9] [--reps 200]
@@ -10,6 +10,9 @@ Paths, all drawing from the same law (rlkernel.sample's):
          row (issue 20: target <= 1.1x the scalar fused call)
   sort   rlkernel's native path: softmax, a stable sort of the whole vocabulary, cumsum, multinomial
   topk   torch.topk(k) first, then softmax / top-p / multinomial on the k survivors
+  flashinfer  flashinfer.sampling.top_k_top_p_sampling_from_logits(filter_apply_order="top_k_first") on logits / T,
+         where flashinfer imports (on a GPU node: `source .fi/env.sh`, made by tools/flashinfer_kit.sh); otherwise one
+         line "flashinfer: not available (<reason>)" and the other columns
 Each call is timed alone with CUDA events while the GPU is kept busy ahead of the host (torch.cuda._sleep), so
 host launch overhead is not counted; the inputs rotate over enough buffers to exceed the L2 cache; the median of
 --reps calls is reported, with the bandwidth of reading the logits once (bytes / median).
@@ -39,6 +42,20 @@ def topk_path(logits, temperature, top_k, top_p, generator):
     p = torch.where(before < top_p, p, torch.zeros_like(p))
     pick = torch.multinomial(p, 1, generator=generator)
     return idx.gather(-1, pick).squeeze(-1)
+
+
+def flashinfer_path(temperature, top_k, top_p, generator):
+    """(the FlashInfer call, its version) or (None, why it cannot run): one small call loads its kernels first."""
+    try:
+        import flashinfer.sampling as fis
+
+        def fn(x):
+            return fis.top_k_top_p_sampling_from_logits(x if temperature == 1 else x / temperature, top_k, top_p,
+                                                        filter_apply_order="top_k_first", generator=generator)
+        fn(torch.randn(2, 65536, device="cuda"))
+        return fn, getattr(sys.modules["flashinfer"], "__version__", "?")
+    except Exception as exc:  # not installed, its JIT failed, no kernel for this GPU: say so, time the rest
+        return None, f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
 def time_path(fn, inputs, reps):
@@ -81,19 +98,25 @@ def main() -> int:
         print(f"bench_sampling: the fused sampler cannot run here: {reason}", file=sys.stderr)
         return 3
     props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
-          f"top_p={args.top_p}, T={args.temperature}, median of {args.reps} calls (us)")
-    print("| dtype | B | fused | rows (per-row + seeds) | rows / fused | sort (native) | topk | fused GB/s | "
-          "x vs topk | command |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     gen = torch.Generator(device="cuda").manual_seed(0)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen)
+    fi_fn, fi_version = flashinfer_path(**kw)
+    if fi_fn is None:
+        print(f"flashinfer: not available ({fi_version})")
+    print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
+          f"top_p={args.top_p}, T={args.temperature}, median of {args.reps} calls (us)"
+          + (f", flashinfer {fi_version}" if fi_fn else ""))
+    fi_head = (" flashinfer | flashinfer / fused |", " --- | --- |") if fi_fn else ("", "")
+    print("| dtype | B | fused | rows (per-row + seeds) | rows / fused | sort (native) | topk | fused GB/s | "
+          f"x vs topk |{fi_head[0]} command |")
+    print(f"| --- | --- | --- | --- | --- | --- | --- | --- | --- |{fi_head[1]} --- |")
     paths = {
         "fused": lambda x: rlkernel.sample(x, backend="fused", **kw),
         "rows": None,  # per batch size: rows_path(b)
         "sort": lambda x: sample_native(x, **kw),
         "topk": lambda x: topk_path(x, **kw),
+        **({"flashinfer": fi_fn} if fi_fn else {}),
     }
     def rows_path(b):
         per_row = dict(temperature=torch.full((b,), args.temperature, device="cuda"),
@@ -112,9 +135,10 @@ def main() -> int:
             d = str(dtype).removeprefix("torch.")
             cmd = (f"python benchmarks/bench_sampling.py --batches {b} --dtypes {d} --vocab {args.vocab} "
                    f"--top-k {args.top_k} --top-p {args.top_p} --reps {args.reps}")
+            fi_cols = f" {us['flashinfer']:.1f} | {us['flashinfer'] / us['fused']:.2f} |" if fi_fn else ""
             print(f"| {d} | {b} | {us['fused']:.1f} | {us['rows']:.1f} | {us['rows'] / us['fused']:.2f} | "
                   f"{us['sort']:.1f} | {us['topk']:.1f} | {nbytes / us['fused'] / 1e3:.0f} | "
-                  f"{us['topk'] / us['fused']:.1f} | `{cmd}` |", flush=True)
+                  f"{us['topk'] / us['fused']:.1f} |{fi_cols} `{cmd}` |", flush=True)
             del inputs
     print("dispatch:", rlkernel.dispatch.history_json())
     return 0
