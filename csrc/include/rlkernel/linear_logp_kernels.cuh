@@ -96,6 +96,8 @@ struct LinearGradParams {
 
 template <typename T, int TEAM, bool HAS_GH>
 __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kernel(const LinearGradParams p) {
+  constexpr int VEC = ElemTraits<T>::kVec;
+  constexpr int CHUNK = TEAM * kUnroll * VEC;
   constexpr int kTeams = kCtaThreads / TEAM;
   const long long row = static_cast<long long>(blockIdx.x) * kTeams + threadIdx.x / TEAM;
   if (row >= p.tile_rows) return;  // no barrier here: a team without a row just leaves
@@ -114,7 +116,33 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kern
   const RowGradCoeffs k = row_grad_coeffs<HAS_GH>(p.in, row, p.inv_t);
   const long long local = id - p.col0;
   const int target = (local >= 0 && local < V) ? static_cast<int>(local) : -1;  // -1: in another chunk
-  write_grad_row<T, TEAM, HAS_GH>(g_row, aligned, g_row, aligned, V, tid, target, p.c, k);  // in place
+  // in place: the loop of rlkernel_logp_bwd_kernel, kept written out (row_grad.cuh says why)
+  for (int base = 0; base < V; base += CHUNK) {
+    RawVec v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e0 = base + (u * TEAM + tid) * VEC;
+      v[u] = e0 < V ? load_vec<T>(g_row, e0, V, aligned) : neg_inf_vec<T>();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e0 = base + (u * TEAM + tid) * VEC;
+      float f[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float lp = fmaf(raw_elem<T>(v[u], i), p.c, -k.ref) - k.log2s;  // log2 p
+        const float pr = fast_exp2(lp);
+        f[i] = HAS_GH ? pr * fmaf(k.B, fmaxf(lp, kExpFloor), k.A) : pr * k.A;
+      }
+      if (static_cast<unsigned>(target - e0) < static_cast<unsigned>(VEC)) {  // target -1: never
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          if (e0 + i == target) f[i] += k.G;
+      }
+      pack_vec<T>(v[u], f);
+      if (e0 < V) store_vec<T>(g_row, e0, V, aligned, v[u]);
+    }
+  }
 }
 
 // Column sums, pass 1: partial[b, col] = sum of rows b*kColsumRows .. (b+1)*kColsumRows-1 of the tile, in row order.

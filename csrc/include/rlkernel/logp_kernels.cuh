@@ -79,6 +79,8 @@ struct LogpBwdParams {
 
 template <typename T, int TEAM, bool HAS_GH>
 __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_logp_bwd_kernel(const LogpBwdParams p) {
+  constexpr int VEC = ElemTraits<T>::kVec;
+  constexpr int CHUNK = TEAM * kUnroll * VEC;
   constexpr int kTeams = kCtaThreads / TEAM;
   const long long row = static_cast<long long>(blockIdx.x) * kTeams + threadIdx.x / TEAM;
   if (row >= p.n_rows) return;  // no barrier in the backward: a team without a row just leaves
@@ -90,13 +92,41 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_logp_bwd_kernel(const
   T* g_row = static_cast<T*>(p.grad) + row * p.grad_row_stride;
   const bool x_aligned = (reinterpret_cast<uintptr_t>(x_row) & 15u) == 0;
   const bool g_aligned = (reinterpret_cast<uintptr_t>(g_row) & 15u) == 0;
+  const int V = p.vocab;
   if (ignored || bad) {  // zero gradient for ignored rows, NaN for a bad id; the row is not read
-    fill_grad_row<T, TEAM>(g_row, p.vocab, g_aligned, tid, ignored ? 0.0f : NAN);
+    fill_grad_row<T, TEAM>(g_row, V, g_aligned, tid, ignored ? 0.0f : NAN);
     return;
   }
   const RowGradCoeffs k = row_grad_coeffs<HAS_GH>(p.in, row, p.inv_t);
-  write_grad_row<T, TEAM, HAS_GH>(x_row, x_aligned, g_row, g_aligned, p.vocab, tid, static_cast<int>(id), p.c,
-                                  k);
+  const int target = static_cast<int>(id);
+  // the same loop as rlkernel_linear_logp_grad_kernel's, kept written out in each (row_grad.cuh says why)
+  for (int base = 0; base < V; base += CHUNK) {
+    RawVec v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e0 = base + (u * TEAM + tid) * VEC;
+      v[u] = e0 < V ? load_vec<T>(x_row, e0, V, x_aligned) : neg_inf_vec<T>();
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int e0 = base + (u * TEAM + tid) * VEC;
+      float f[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const float lp = fmaf(raw_elem<T>(v[u], i), p.c, -k.ref) - k.log2s;  // log2 p
+        const float pr = fast_exp2(lp);
+        // p = 0 (a -inf logit) gives 0 * finite: the clamp keeps B * log2 p finite.
+        f[i] = HAS_GH ? pr * fmaf(k.B, fmaxf(lp, kExpFloor), k.A) : pr * k.A;
+      }
+      if (static_cast<unsigned>(target - e0) < static_cast<unsigned>(VEC)) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i)
+          if (e0 + i == target) f[i] += k.G;
+      }
+      pack_vec<T>(v[u], f);
+      if (e0 < V) store_vec<T>(g_row, e0, V, g_aligned, v[u]);
+    }
+  }
 }
 
 }  // namespace rlkernel
