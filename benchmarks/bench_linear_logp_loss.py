@@ -172,7 +172,7 @@ def main(argv=None) -> int:
             if m == "matmul":
                 base_ms = ms
             gemms = 1 if m == "matmul" else 3
-            grads = 0 if m == "matmul" else (n * h + v * h) * torch.empty((), dtype=dtype).element_size()
+            grads = 0 if m == "matmul" else (n * h + v * h) * dtype.itemsize
             tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
             ratio = f"{ms / base_ms:.2f}" if base_ms else "-"
             print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f} "

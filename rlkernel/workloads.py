@@ -288,7 +288,7 @@ def _mismatch(what, got, ref, atol, rtol) -> str | None:
 # ---- bytes and flops ----------------------------------------------------------------------------------
 
 def _size(dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _logp_bytes(s: Shape, dtype) -> int:

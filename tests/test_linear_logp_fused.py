@@ -21,6 +21,7 @@ import math
 
 import pytest
 import torch
+from cuda_graphs import warm_on_side_stream
 
 import rlkernel
 from rlkernel import dispatch
@@ -280,15 +281,6 @@ def test_batch_invariant_at_a_model_width(fused):
         assert torch.equal(gx[pos:pos + 1], one[2]), ("hidden grad", n, pos)
 
 
-def _warm(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-
-
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_cuda_graph_capture_and_replay_equal_eager(fused, batch_invariant):
     hidden, weight, b, ids = make(300, 64, 3001, torch.bfloat16, seed=5)
@@ -304,7 +296,7 @@ def test_cuda_graph_capture_and_replay_equal_eager(fused, batch_invariant):
         return lp.detach(), ent.detach(), x.grad, w.grad
 
     eager = [t.clone() for t in step()]
-    _warm(step)
+    warm_on_side_stream(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()

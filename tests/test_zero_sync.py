@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 import torch
+from cuda_graphs import warm_on_side_stream
 
 import rlkernel
 
@@ -160,15 +161,6 @@ def test_validate_modes(monkeypatch):
         rlkernel.logp(x, ids)
 
 
-def _warm(fn):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-
-
 @pytest.mark.parametrize("backend", ["fused", "native"])
 def test_sample_graph_with_a_user_generator_replays_as_eager_calls(backend):
     x, _ = inputs(n=64, dtype=torch.float32)
@@ -177,7 +169,7 @@ def test_sample_graph_with_a_user_generator_replays_as_eager_calls(backend):
     def draw():
         return rlkernel.sample(x, top_k=50, top_p=0.9, generator=gen, backend=backend)
 
-    _warm(draw)
+    warm_on_side_stream(draw)
     graph = torch.cuda.CUDAGraph()
     graph.register_generator_state(gen)
     with torch.cuda.graph(graph):
@@ -243,7 +235,7 @@ def test_logp_step_graph_equals_eager_bitwise(backend):
         return lp.detach(), ent.detach(), x.grad
 
     lp_e, ent_e, grad_e = (t.clone() for t in step())
-    _warm(step)
+    warm_on_side_stream(step)
     graph = torch.cuda.CUDAGraph()
     x.grad = None
     with torch.cuda.graph(graph):
@@ -272,7 +264,7 @@ def test_grpo_loss_step_graph_equals_eager_bitwise():
         return t.lp.detach(), t.loss.detach(), t.logits.grad
 
     lp_e, loss_e, grad_e = (t.clone() for t in step())
-    _warm(step)
+    warm_on_side_stream(step)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         lp_g, loss_g, grad_g = step()

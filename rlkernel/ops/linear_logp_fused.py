@@ -65,7 +65,7 @@ def plan(n: int, vocab: int, dtype: torch.dtype, batch_invariant: bool) -> tuple
     if batch_invariant:
         return BI_ROWS, min(BI_COLS, vocab)
     rows = max(1, min(n, MAX_BLOCK_ROWS))
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = dtype.itemsize
     cols = max(_COL_ALIGN, TILE_BYTES // (rows * esize) // _COL_ALIGN * _COL_ALIGN)
     # at least two chunks once the vocabulary has more than two aligned chunks' worth: no tile ever holds a block's
     # whole row of logits, however small the problem
