@@ -1,10 +1,13 @@
-"""CUDA-event timing and peak-memory helpers of bench_logp.py, bench_linear_logp.py and bench_linear_logp_loss.py (a
-module, not a script). They need a CUDA device; importing this needs only torch."""
+"""CUDA-event timing and peak-memory helpers of bench_logp.py, bench_linear_logp.py and bench_linear_logp_loss.py, and
+the NxHxV shape parser of the two linear-logp benches (a module, not a script). The timers need a CUDA device;
+importing this needs only torch and rlkernel.cli."""
 from __future__ import annotations
 
 import statistics
 
 import torch
+
+from rlkernel.cli import CliError
 
 
 def events_median(fn, prep, warmup: int, repeat: int) -> float:
@@ -36,3 +39,14 @@ def peak_extra(fn, prep) -> int:
     peak = torch.cuda.max_memory_allocated() - base
     del out
     return peak
+
+
+def parse_nhv(text: str) -> tuple[int, int, int]:
+    """``--shapes`` NxHxV (tokens x hidden x vocabulary) as three positive ints; CliError otherwise."""
+    try:
+        n, h, v = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise CliError(f"--shapes: {text!r} is not NxHxV (e.g. 16384x4096x128256)") from None
+    if min(n, h, v) < 1:
+        raise CliError(f"--shapes: {text!r} needs sizes of at least 1")
+    return n, h, v

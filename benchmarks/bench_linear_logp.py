@@ -33,7 +33,7 @@ import os
 import sys
 
 import torch
-from _timing import events_median, peak_extra  # beside this script: on sys.path when it runs
+from _timing import events_median, parse_nhv, peak_extra  # beside this script: on sys.path when it runs
 
 from rlkernel.cli import CliError, OneLineParser
 
@@ -43,16 +43,6 @@ DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdb
                    "liger"]
 ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
 TEMPERATURE = 1.0
-
-
-def _shape(text: str) -> tuple[int, int, int]:
-    try:
-        n, h, v = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise CliError(f"--shapes: {text!r} is not NxHxV (e.g. 16384x4096x128256)") from None
-    if min(n, h, v) < 1:
-        raise CliError(f"--shapes: {text!r} needs positive sizes")
-    return n, h, v
 
 
 class Case:
@@ -200,7 +190,7 @@ def _list_kernels(case):
 
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__, formatter_class=__import__("argparse").RawTextHelpFormatter)
-    p.add_argument("--shapes", nargs="+", type=_shape, default=None, help="NxHxV ... (default: the issue's shapes)")
+    p.add_argument("--shapes", nargs="+", type=parse_nhv, default=None, help="NxHxV ... (default: the issue's shapes)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help=f"comma-separated, of: {', '.join(ALL_METHODS)}")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

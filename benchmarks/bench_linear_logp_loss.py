@@ -27,22 +27,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from _timing import events_median, peak_extra  # noqa: E402 (beside this script: on sys.path when it runs)
+from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside this script: on sys.path when it runs)
 
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
 METHODS = ("matmul", "loss", "loss-native", "liger")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    try:
-        n, h, v = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise CliError(f"--shapes: {text!r} is not NxHxV (e.g. 16384x4096x128256)") from None
-    if min(n, h, v) < 1:
-        raise CliError(f"--shapes: {text!r} has a size below 1")
-    return n, h, v
 
 
 def build_parser():
@@ -122,7 +112,7 @@ def make_methods(n, h, v, dtype, args):
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        shapes = [parse_shape(s) for s in args.shapes.split(",")]
+        shapes = [parse_nhv(s) for s in args.shapes.split(",")]
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         bad = [m for m in methods if m not in METHODS]
         if bad:
