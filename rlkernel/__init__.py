@@ -8,14 +8,16 @@ import importlib
 
 __version__ = "0.1.0"
 __all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
-           "FallbackWarning", "linear_logp_loss", "__version__"]
+           "FallbackWarning", "linear_logp_loss", "fused_status", "__version__"]
 
 _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
          "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
          "sample": ("rlkernel.ops.sampling", "sample"),
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),
          "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
-         "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning")}
+         "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning"),
+         # whether the fused path is available, where rlkernel._C came from, why not (builds nothing)
+         "fused_status": ("rlkernel._ext", "fused_status")}
 
 
 def __getattr__(name):
