@@ -391,3 +391,15 @@ def test_build_cli_help_and_usage():
         out = run("--arch", "9.0")
         assert out.returncode == 3 and out.stderr.strip() == (
             f"rlkernel-build: torch {torch.__version__} has no CUDA (the fused kernels need a CUDA build of torch)")
+
+
+def test_setup_py_builds_in_the_tree_with_the_cache_s_flags(monkeypatch, capsys):
+    import runpy
+
+    import setuptools
+
+    monkeypatch.setattr(setuptools, "setup", lambda **kw: None)
+    monkeypatch.setenv("RLKERNEL_BUILD_EXT", "0")  # the opt-out an install that leaves the build to first use sets
+    ns = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")
+    assert ns["_jit_flags"]() == (_jit.CXX_FLAGS, _jit.NVCC_FLAGS) and ns["ext_modules"] == []
+    assert "not building the CUDA extension (RLKERNEL_BUILD_EXT=0" in capsys.readouterr().err
