@@ -102,7 +102,7 @@ class Spec:
 
 def cache_root() -> Path:
     raw = os.environ.get(CACHE_ENV, "").strip()
-    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "rlkernel"
+    return Path(raw).expanduser().absolute() if raw else Path.home() / ".cache" / "rlkernel"
 
 
 def source_files(root: Path) -> list[str]:
@@ -213,9 +213,11 @@ def missing_tool(spec: Spec) -> str | None:
     cxx = os.environ.get("CXX", "c++")
     if shutil.which(cxx, path=path) is None:
         return f"no C++ compiler: {cxx} not found (install g++, or set CXX)"
+    try:
+        from torch.utils import cpp_extension  # imports setuptools
+    except ImportError as exc:
+        return f"torch.utils.cpp_extension does not import ({exc}): pip install setuptools"
     if spec.with_cuda:
-        from torch.utils import cpp_extension
-
         home = cpp_extension.CUDA_HOME
         if home is None or not (Path(home) / "bin" / "nvcc").exists():
             return "nvcc not found (install the CUDA toolkit, or set CUDA_HOME)"
@@ -389,6 +391,8 @@ def _finish(spec: Spec, p: Paths, tmp: Path, library: Path, seconds: float) -> P
 def build_locked(spec: Spec, p: Paths, progress=None) -> Path:
     """Build ``spec`` into ``p.entry`` (the lock held): its library. Raises ExtensionBuildFailed (naming the log)."""
     _remove_stale(p)
+    if p.entry.exists():  # not a finished entry (find() said so): not ours, never loadable, in the rename's way
+        shutil.rmtree(p.entry)
     p.failed.unlink(missing_ok=True)
     tmp = p.root / f".tmp-{p.entry.name}-{os.getpid()}-{next(_serial)}"
     tmp.mkdir()

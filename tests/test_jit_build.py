@@ -229,9 +229,11 @@ def test_a_build_killed_mid_compile_leaves_nothing_loadable(tmp_path):
     wait_for(lambda: _gone(compiler), timeout=10)  # the compilers die with their builder: no orphan finishes later
     assert _jit.find(p) is None and not p.entry.exists()
     assert [x.name for x in cache.glob(".tmp-*")] != []  # what it left is only a temporary folder
+    p.entry.mkdir()  # and, in the rename's way, a folder of that name that is no finished entry (no build.json)
+    (p.entry / "rlk_jit_probe.so").write_text("half")
     result, err = run_loader(spec, cache)  # the next process takes the lock the kernel released, and builds
     assert len(_lines(err, "building")) == 1 and result["tag"] == TAG
-    assert list(cache.glob(".tmp-*")) == []  # and cleared the leftover
+    assert list(cache.glob(".tmp-*")) == [] and _jit.find(p) == p.library  # and cleared the leftovers
 
 
 # ------------------------------------------------------------------------------------------------ faults
