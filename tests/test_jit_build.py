@@ -43,7 +43,7 @@ import torch
 from pathlib import Path
 from rlkernel import _jit
 a = json.loads(sys.argv[1])
-spec = _jit.Spec(name=a["name"], module=a["name"], label="the probe", root=Path(a["root"]),
+spec = _jit.Spec(name=a["name"], module=a["module"], label="the probe", root=Path(a["root"]),
                  sources=tuple(a["sources"]), cflags=tuple(a["cflags"]))
 t0 = time.perf_counter()
 library, seconds = _jit.ensure(spec, Path(a["cache"]), progress=_jit.say if a.get("progress") else None)
@@ -52,13 +52,14 @@ print(json.dumps({"library": str(library), "seconds": seconds, "tag": module.TAG
 """
 
 
-def probe_spec(root: Path = PROBE, cflags=FLAGS, name="rlk_jit_probe", sources=("probe.cpp",)) -> _jit.Spec:
-    return _jit.Spec(name=name, module=name, label="the probe", root=root, sources=tuple(sources),
+def probe_spec(root: Path = PROBE, cflags=FLAGS, name="_C", sources=("probe.cpp",)) -> _jit.Spec:
+    # named _C, as rlkernel's: the same library can stand in for an in-tree rlkernel._C
+    return _jit.Spec(name=name, module=f"rlk_jit_probe.{name}", label="the probe", root=root, sources=tuple(sources),
                      cflags=tuple(cflags))
 
 
 def _args(spec: _jit.Spec, cache: Path, progress=False) -> str:
-    return json.dumps({"name": spec.name, "root": str(spec.root), "sources": list(spec.sources),
+    return json.dumps({"name": spec.name, "module": spec.module, "root": str(spec.root), "sources": list(spec.sources),
                        "cflags": list(spec.cflags), "cache": str(cache), "progress": progress})
 
 
@@ -124,14 +125,14 @@ def test_first_build_says_what_where_and_how_long_before_and_when_done(built):
     (done,) = _lines(err, "built")
     assert done.startswith("rlkernel: built the probe for the host CPU in ") and done.endswith(f": {p.entry}")
     # a progress line per source, and the link (what rlkernel-build prints)
-    assert "rlkernel: [1/2] compiling probe.cpp" in err and "rlkernel: [2/2] linking rlk_jit_probe.so" in err
+    assert "rlkernel: [1/2] compiling probe.cpp" in err and "rlkernel: [2/2] linking _C.so" in err
     assert built["result"]["tag"] == TAG and built["result"]["seconds"] > 0
     assert Path(built["result"]["library"]) == p.library
 
 
 def test_the_entry_holds_only_the_library_and_its_record(built):
     p = built["paths"]
-    assert sorted(x.name for x in p.entry.iterdir()) == ["build.json", "rlk_jit_probe.so"]
+    assert sorted(x.name for x in p.entry.iterdir()) == ["_C.so", "build.json"]
     assert sorted(x.name for x in p.root.iterdir()) == sorted([p.entry.name, p.lock.name, p.log.name])  # no .tmp-*
     meta = json.loads(p.meta.read_text())
     assert meta["key"] == p.key and meta["sources"] == _jit.sources_hash(PROBE)
@@ -230,7 +231,7 @@ def test_a_build_killed_mid_compile_leaves_nothing_loadable(tmp_path):
     assert _jit.find(p) is None and not p.entry.exists()
     assert [x.name for x in cache.glob(".tmp-*")] != []  # what it left is only a temporary folder
     p.entry.mkdir()  # and, in the rename's way, a folder of that name that is no finished entry (no build.json)
-    (p.entry / "rlk_jit_probe.so").write_text("half")
+    (p.entry / "_C.so").write_text("half")
     result, err = run_loader(spec, cache)  # the next process takes the lock the kernel released, and builds
     assert len(_lines(err, "building")) == 1 and result["tag"] == TAG
     assert list(cache.glob(".tmp-*")) == [] and _jit.find(p) == p.library  # and cleared the leftovers
@@ -330,6 +331,45 @@ def test_the_cache_entry_is_the_extension_rlkernel_loads(fresh_ext, built):
     assert ran == [TAG] and _ext.load().TAG == TAG and _ext.unavailable_reason() is None
     assert env.extension_record(status) == {"built": True, "archs": [], "reason": None, "source": "cache"}
     assert env.extension_line(status) == f"built for unknown targets, from the cache: {built['paths'].library}"
+
+
+def test_an_in_tree_library_wins_over_the_cache(fresh_ext, built, tmp_path):
+    # a library beside the package (build_ext --inplace): the probe, named _C, copied where rlkernel._C is found
+    import importlib.machinery
+
+    import rlkernel
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    library = pkg / f"_C{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    shutil.copy(built["paths"].library, library)
+    fresh_ext.setattr(_ext, "_tree", None)
+    fresh_ext.setattr(rlkernel, "__path__", [*rlkernel.__path__, str(pkg)])
+    fresh_ext.setattr(_ext, "_make_spec", lambda: pytest.fail("the cache was looked at"))
+    try:
+        ran = []
+        _ext.when_loaded(lambda: ran.append(_ext.load().TAG))  # as the ops at import in such a checkout: at once
+        assert ran == [TAG]
+        status = _ext.fused_status()
+        assert (status["available"], status["source"], status["path"]) == (True, "in-tree", str(library))
+        assert _ext.unavailable_reason() is None and _ext.ensure().module.TAG == TAG
+    finally:  # the probe is no rlkernel._C for the tests after this one
+        sys.modules.pop("rlkernel._C", None)
+        rlkernel.__dict__.pop("_C", None)
+
+
+def test_an_unwritable_cache_falls_back_with_its_reason(fresh_ext, tmp_path):
+    bad = _unwritable_cache(tmp_path)
+    fresh_ext.setenv("RLKERNEL_CACHE_DIR", str(bad))
+    fresh_ext.setattr(_ext, "_make_spec", probe_spec)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+    rec = dispatch.resolve("logp.forward", "auto", False, cuda, bf16)
+    assert (rec.status, rec.reason) == ("fallback", "extension cache not writable")
+    status = _ext.fused_status()
+    assert status["reason"] == "extension cache not writable" and "RLKERNEL_CACHE_DIR" in status["detail"]
+    with pytest.raises(dispatch.FusedKernelUnavailable) as blocked:
+        dispatch.resolve("logp.forward", "fused", False, cuda, bf16)
+    assert isinstance(blocked.value.__cause__, _ext.ExtensionCacheUnwritable)
 
 
 def test_without_an_entry_status_builds_nothing_and_says_how(fresh_ext, tmp_path):
