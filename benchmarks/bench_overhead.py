@@ -132,7 +132,8 @@ def cpu_only(calls: int, runs: int) -> None:
 def breakdown(calls: int, runs: int) -> None:
     """Host us per call of each layer of a fused call on CUDA tensors (logp N=256 bf16, sample B=1 fp32)."""
     from rlkernel import errors
-    from rlkernel.ops import logp_fused, sampling_fused
+    from rlkernel.ops.fused import logp as logp_fused
+    from rlkernel.ops.fused import sampling as sampling_fused
 
     x = (torch.randn(256, V, device="cuda") * 3).to(torch.bfloat16)
     ids = torch.randint(0, V, (256,), device="cuda")

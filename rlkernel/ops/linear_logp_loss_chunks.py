@@ -86,7 +86,7 @@ def _result(total, hidden, weight, dh, dw, db):
 
 def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V)."""
-    from rlkernel.ops import logp_fused
+    from rlkernel.ops.fused import logp as logp_fused
 
     logp_fused.ensure_registered()
     forward, backward = logp_fused._FORWARD, torch.ops.rlkernel.logp_backward_inplace

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops import logp_fused as _fused
-from rlkernel.ops.logp_native import logp_native
-from rlkernel.ops.logp_processed_native import logp_processed_native
+from rlkernel.ops.fused import logp as _fused
+from rlkernel.ops.native.logp import logp_native
+from rlkernel.ops.native.logp_processed import logp_processed_native
 from rlkernel.validate import check_logp_args
 
 

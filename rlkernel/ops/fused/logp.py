@@ -178,7 +178,7 @@ except _ext.ExtensionNotBuilt:
 
 
 def logp_processed_fused(logits, token_ids, **kwargs):
-    """rlkernel.ops.logp_processed_fused.logp_processed_fused (imported on first use: that module imports this one)."""
-    from rlkernel.ops.logp_processed_fused import logp_processed_fused as processed
+    """rlkernel.ops.fused.logp_processed.logp_processed_fused (imported on first use: that module imports this one)."""
+    from rlkernel.ops.fused.logp_processed import logp_processed_fused as processed
 
     return processed(logits, token_ids, **kwargs)

@@ -20,7 +20,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.linear_logp_fused import batch_invariant_blas
+from rlkernel.ops.fused.linear_logp import batch_invariant_blas
 
 _CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
 BI_ROWS = 128  # rows per matmul with batch_invariant=True

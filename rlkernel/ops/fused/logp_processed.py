@@ -19,8 +19,8 @@ import contextlib
 import torch
 
 from rlkernel import _ext, dispatch, errors
-from rlkernel.ops.logp_fused import as_rows, flat_ids, report_as_logp_call
-from rlkernel.ops.sampling_fused import split_setting
+from rlkernel.ops.fused.logp import as_rows, flat_ids, report_as_logp_call
+from rlkernel.ops.fused.sampling import split_setting
 
 _registered = False
 _FORWARD = None

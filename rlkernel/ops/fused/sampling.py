@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _ext, errors
-from rlkernel.ops.logp_fused import as_rows, eager_entry_ok, logp_fused
+from rlkernel.ops.fused.logp import as_rows, eager_entry_ok, logp_fused
 
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
@@ -83,7 +83,7 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     s, s_rows = split_setting(seed, 0, torch.int64) if seeded else (0, None)
     o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
-    # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.logp_fused), else the
+    # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.fused.logp), else the
     # registered op; the same C++ either way
     op = _SAMPLE_EAGER if eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows) else _SAMPLE
     ids = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
@@ -91,7 +91,7 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     lp = None
     report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
     if return_logprobs == "processed":
-        from rlkernel.ops.logp_processed_fused import logp_processed_fused
+        from rlkernel.ops.fused.logp_processed import logp_processed_fused
 
         # the processed forward itself (the sampler's own filter code: the same kept set), under this call's number
         with torch.no_grad():
@@ -105,7 +105,7 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
             if isinstance(temperature, torch.Tensor):
                 # per-row T: rlkernel.logp takes the processed kernel for any tensor setting; with no filter its law
                 # is the raw one, under each row's own T (T = 1 where T = 0, as for a number)
-                from rlkernel.ops.logp_processed_fused import logp_processed_fused
+                from rlkernel.ops.fused.logp_processed import logp_processed_fused
 
                 t_raw = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
                 lp, _ = logp_processed_fused(logits, ids, temperature=t_raw, top_k=0, top_p=1.0, min_p=0.0,

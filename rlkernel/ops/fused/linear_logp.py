@@ -28,7 +28,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.logp_fused import as_rows
+from rlkernel.ops.fused.logp import as_rows
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
 MAX_BLOCK_ROWS = 16384  # rows per block in the default mode (more rows: several blocks)
