@@ -16,6 +16,7 @@ from rlkernel.validate import RowSettings, row_faults
 
 
 def _entropy(q: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """The filtered law's entropy, summed in row_sum's fixed order (batch invariance), not softmax.entropy's."""
     return -row_sum(torch.where(q > 0, q * logq, torch.zeros_like(q)))
 
 
