@@ -254,7 +254,7 @@ def _compare_logp_bwd(inp) -> str | None:
 def _compare_sample(inp) -> str | None:
     """The fused sampler need not draw the same ids as native; each drawn id must be in the kept set."""
     from rlkernel import sample
-    from rlkernel.ops.filters_native import Filtered
+    from rlkernel.ops.native.filters import Filtered
 
     ids = sample(inp["logits"], temperature=inp["temperature"], top_k=inp["top_k"], top_p=inp["top_p"],
                  min_p=inp["min_p"], generator=inp["generator"], seed=inp["seed"], offset=inp["offset"],
