@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "rlkernel/linear_logp_api.h"
-#include "rlkernel/torch_elem_type.h"
+#include "torch_elem_type.h"
 
 namespace {
 

@@ -13,10 +13,10 @@
 #include <optional>
 #include <tuple>
 
-#include "rlkernel/logp_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
-#include "rlkernel/sampling_api.cuh"
-#include "rlkernel/torch_elem_type.h"
-#include "rlkernel/torch_ops.h"
+#include "rlkernel/common_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
+#include "rlkernel/sampling_api.h"
+#include "torch_elem_type.h"
+#include "torch_ops.h"
 
 namespace {
 

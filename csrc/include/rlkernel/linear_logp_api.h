@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "rlkernel/error_record.h"
-#include "rlkernel/logp_api.h"  // ElemType, RowGradArgs
+#include "rlkernel/common_api.h"  // ElemType, RowGradArgs, current_cuda_stream
 
 namespace rlkernel {
 
