@@ -83,13 +83,14 @@ import re
 import sys
 
 work, old_rev, new_rev, arch = pathlib.Path(sys.argv[1]), *sys.argv[2:]
+COMMON = "(the file's common resource usage)"
 
 
 def kernels(sass: str, res: str) -> dict[str, tuple[str, str]]:
     blocks = re.split(r"^\s*Function : (\S+)\s*$", sass, flags=re.M)  # [head, name1, body1, name2, body2, ...]
     usage = dict(re.findall(r"^\s*Function (\S+):\n\s*(.*)$", res, flags=re.M))
     found = {name: (body, usage.get(name, "")) for name, body in zip(blocks[1::2], blocks[2::2], strict=True)}
-    found["(the file's common resource usage)"] = ("", res.split(" Function ")[0])
+    found[COMMON] = ("", res.split(" Function ")[0])  # compared like a kernel, not counted as one
     return found
 
 
@@ -113,8 +114,9 @@ for cu in sorted(old.keys() | new.keys()):
     for k in only:
         print(f"csrc/{cu}: {k}: only at {'new' if k in b else 'old'} commit")
     differ += len(changed) + len(only)
-    same += len(a.keys() & b.keys()) - len(changed)
-    print(f"csrc/{cu}: {len(a.keys() & b.keys()) - len(changed)} of {len(a.keys() | b.keys())} kernels identical")
+    kept = len((a.keys() & b.keys()) - {COMMON}) - len(set(changed) - {COMMON})
+    same += kept
+    print(f"csrc/{cu}: {kept} of {len((a.keys() | b.keys()) - {COMMON})} kernels identical")
 if differ:
     print(f"compare_sass: DIFFERENT: {differ} kernel(s) or file(s) differ between {old_rev} and {new_rev} ({arch})")
     sys.exit(1)
