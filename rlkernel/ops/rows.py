@@ -69,7 +69,7 @@ def report_as_logp_call(logits: torch.Tensor, report_as):
 
 
 def eager_entry_ok(*tensors) -> bool:
-    """Whether an op may enter the extension directly (csrc/eager_entry.cpp), i.e. torch's dispatcher would add
+    """Whether an op may enter the extension directly (csrc/python_module.cpp), i.e. torch's dispatcher would add
     nothing: no torch.compile trace, no tensor subclass or dispatch mode (fake tensors, FlopCounter, ...) that must
     see the op. ``tensors``: the op's tensor arguments (None for an absent optional one). The caller rules out a
     gradient to record."""

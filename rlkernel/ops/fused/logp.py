@@ -1,6 +1,6 @@
 """The fused CUDA backend of rlkernel.logp: fake kernels, autograd, and the call the dispatcher makes.
 
-The ops (registered in csrc/bindings.cpp, kernels in csrc/include/rlkernel/logp_kernels.cuh):
+The ops (registered in csrc/logp_op.cpp, kernels in csrc/include/rlkernel/logp_kernels.cuh):
 
 - ``torch.ops.rlkernel.logp_forward(logits[N, V], ids[N] int64, temperature, ignore_index, compute_entropy,
   error_record=0, error_seq=0, error_op=1, inplace_backward=False, requested="fused") -> (logp[N] f32,
@@ -22,7 +22,7 @@ from rlkernel.ops.rows import as_rows, eager_entry_ok, flat_ids, report_as_logp_
 
 _registered = False
 _FORWARD = None  # torch.ops.rlkernel.logp_forward.default once registered
-_EAGER = None  # rlkernel._C.logp_forward_eager: the same C++ without torch's op dispatcher (csrc/eager_entry.cpp)
+_EAGER = None  # rlkernel._C.logp_forward_eager: the same C++ without torch's op dispatcher (csrc/python_module.cpp)
 
 
 def _fwd_fake(logits, token_ids, temperature, ignore_index, compute_entropy, error_record=0, error_seq=0,

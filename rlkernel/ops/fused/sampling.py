@@ -28,7 +28,7 @@ from rlkernel.ops.rows import as_rows, eager_entry_ok, int64_arg, split_setting
 
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
-_SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/eager_entry.cpp)
+_SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/python_module.cpp)
 
 
 def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0, min_p=0.0,
