@@ -403,4 +403,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m` runs this file as __main__, a second copy beside the pipelines.analyze that cross_rank imports:
+    # run that one, so that main catches the UsageError cross_rank raises (a traceback and exit 1 otherwise)
+    from pipelines.analyze import main as _main
+
+    sys.exit(_main())
