@@ -20,6 +20,7 @@ import duckdb
 import pandas as pd
 
 from pipelines import analysis, sql, trace_db
+from pipelines.manifest import read_manifest  # the one manifest reader (its shape checks)
 
 WHOLE_TRACE = "(whole trace)"
 COMM_PATTERNS = ("nccl*",)
@@ -127,8 +128,6 @@ def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
         raise RanksError(f"{path}: no exports in it (*.sqlite files or run directories holding trace.sqlite)")
     sources = [resolve(e) for e in entries]
     if shared is not None:
-        from pipelines.analyze import read_manifest  # the one manifest reader (its shape checks)
-
         manifest = read_manifest(shared)
         sources = [s if s.manifest else dataclasses.replace(s, manifest=manifest) for s in sources]
     if len(entries) == 1:

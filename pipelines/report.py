@@ -20,7 +20,7 @@ import markupsafe
 import pandas as pd
 
 from pipelines import datafiles, swap, timeline
-from pipelines.runs import ENV_ALLOWED
+from pipelines.manifest import ENV_ALLOWED
 from rlkernel import textsafe
 
 HTML_ROWS = 300  # tables longer than this show their first rows; the CSV has them all
