@@ -7,7 +7,6 @@ kernels ran. See docs/trace-schema.md for the export tables read, and queries/ f
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
@@ -16,19 +15,13 @@ import sys
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, compare, report, trace_db
-from pipelines.manifest import read_manifest, read_provenance
+from pipelines import analysis, compare, inputs, report, trace_db
+from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
 PROG = "pipelines.analyze"
-EXAMPLE_DIR = pathlib.Path(__file__).resolve().parent / "example"
-
-
-class UsageError(Exception):
-    pass
-
 
 # --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
 # parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
@@ -91,72 +84,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", metavar="N", type=int,
                    help="--ranks with the local executor: processes (default: min(cores, ranks))")
     return p
-
-
-def _status(run: pathlib.Path) -> str | None:
-    try:
-        data = json.loads((run / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("status") if isinstance(data, dict) else None
-
-
-def newest_run(root: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete run directory: its manifest says ``status: complete`` and it holds a trace (names
-    start with a UTC timestamp, so they sort by time; a failed run, ``-failed`` or ``-failed.2``, never counts)."""
-    if not root.is_dir():
-        return None
-    runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and
-            (d / "trace.sqlite").is_file() and _status(d) == "complete"]
-    return max(runs, key=lambda d: d.name, default=None)
-
-
-def resolve(inp: pathlib.Path) -> analysis.Source:
-    """An INPUT -> what to analyze. Raises TraceError naming the file and the problem."""
-    try:
-        return _resolve(inp)
-    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a directory we cannot search
-        raise trace_db.TraceError(f"{inp}: cannot read it ({e.strerror or e})") from None
-
-
-def _resolve(inp: pathlib.Path) -> analysis.Source:
-    if inp.is_dir():
-        trace = inp / "trace.sqlite"
-        manifest = read_manifest(inp / "manifest.json") if (inp / "manifest.json").is_file() else None
-        if not trace.is_file():
-            why = f" (the capture failed: {manifest.get('error')})" if manifest and manifest.get("status") == "failed" \
-                else ""
-            raise trace_db.TraceError(f"{inp}: run directory without a trace (no trace.sqlite){why}")
-        prov = None
-        if (inp / "recorded.json").is_file():
-            prov = read_provenance(inp / "recorded.json")
-        ncu = inp / "ncu.csv"
-        return analysis.Source(trace, inp, manifest, ncu if ncu.is_file() else None, prov)
-    if inp.suffix == ".nsys-rep":
-        raise trace_db.TraceError(f"{inp}: an nsys report, not its SQLite export; run "
-                                  f"`nsys export --type sqlite --output {inp.with_suffix('.sqlite')} {inp}`")
-    if not inp.exists():
-        raise trace_db.TraceError(f"{inp}: no such file or directory")
-    return analysis.Source(inp)
-
-
-def default_input() -> pathlib.Path:
-    run = newest_run(pathlib.Path("runs"))
-    if run is not None:
-        return run
-    if (EXAMPLE_DIR / "trace.sqlite").is_file():
-        return EXAMPLE_DIR
-    raise UsageError("no INPUT given, no run under ./runs and no bundled example in this install; "
-                     "pass a run directory or a .sqlite nsys export")
-
-
-def out_dir_for(src: analysis.Source, out: pathlib.Path | None, several: bool) -> pathlib.Path:
-    stem = src.run_dir.name if src.run_dir else src.trace.stem
-    if out is not None:
-        return out / stem if several else out
-    if src.run_dir is not None and src.run_dir.resolve() != EXAMPLE_DIR.resolve():
-        return src.run_dir / "report"
-    return pathlib.Path("reports") / ("example" if src.run_dir == EXAMPLE_DIR else stem)
 
 
 # What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
@@ -245,10 +172,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
-    inputs = [pathlib.Path(i) for i in args.inputs] or [default_input()]
-    sources = [resolve(i) for i in inputs]
-    base_src = resolve(args.compare) if args.compare is not None else None
-    outs = [out_dir_for(s, args.out, len(sources) > 1) for s in sources]
+    paths = [pathlib.Path(i) for i in args.inputs] or [inputs.default_input()]
+    sources = [inputs.resolve(i) for i in paths]
+    base_src = inputs.resolve(args.compare) if args.compare is not None else None
+    outs = [inputs.out_dir_for(s, args.out, len(sources) > 1) for s in sources]
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
     results = [analyze_source(s, args) for s in sources]
@@ -256,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
     base = analyze_source(base_src, args) if base_src is not None else None
     metas = [None] * len(results)
     if base is not None:
-        metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, inputs, strict=True)]
+        metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, paths, strict=True)]
     compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK
     for res, out, cmp, meta in zip(results, outs, compares, metas, strict=True):

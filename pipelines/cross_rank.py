@@ -136,7 +136,7 @@ def run(args) -> int:
     from pipelines import analyze
     from rlkernel.cli import EXIT_CHECK_FAILED, EXIT_OK
 
-    specs = ranks.discover(args.ranks, analyze.resolve)
+    specs = ranks.discover(args.ranks)
     name = pathlib.Path(args.ranks).resolve().name
     title = f"{name}: {len(specs)} ranks"
     out = args.out if args.out is not None else pathlib.Path("reports") / f"ranks-{name}"

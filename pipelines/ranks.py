@@ -19,7 +19,7 @@ import tempfile
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, sql, trace_db
+from pipelines import analysis, inputs, sql, trace_db
 from pipelines.manifest import read_manifest  # the one manifest reader (its shape checks)
 
 WHOLE_TRACE = "(whole trace)"
@@ -110,10 +110,10 @@ def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
     return sorted((int(d), int(proc)) for d, proc in rows)
 
 
-def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
+def discover(path: pathlib.Path) -> list[RankSpec]:
     """The ranks of ``path``: a folder of per-rank exports or run directories (one rank each), or one export
-    (a file, a run directory, or a folder holding one) split by process. ``resolve`` turns an entry into an
-    analysis.Source (pipelines.analyze.resolve: the run directory's manifest and provenance come along)."""
+    (a file, a run directory, or a folder holding one) split by process. Each entry becomes an analysis.Source
+    as a single INPUT does (inputs.resolve: the run directory's manifest and provenance come along)."""
     # absolute: a Dask worker reads the exports from another working directory
     path = pathlib.Path(os.path.abspath(path))
     if not path.exists():
@@ -126,7 +126,7 @@ def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
         shared = path / "manifest.json" if (path / "manifest.json").is_file() else None
     if not entries:
         raise RanksError(f"{path}: no exports in it (*.sqlite files or run directories holding trace.sqlite)")
-    sources = [resolve(e) for e in entries]
+    sources = [inputs.resolve(e) for e in entries]
     if shared is not None:
         manifest = read_manifest(shared)
         sources = [s if s.manifest else dataclasses.replace(s, manifest=manifest) for s in sources]

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from pipelines import analyze
+from pipelines import analyze, inputs
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -313,14 +313,14 @@ def html_of(tmp_path, inp, *extra) -> str:
 def test_header_renders_backticks_as_code_and_ends_sentences_once(tmp_path):
     import re
 
-    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    html = html_of(tmp_path, inputs.EXAMPLE_DIR)
     header = re.search(r'<p class="where">(.*?)</p>', html, re.S).group(1)
     assert "`" not in header and ".." not in header
     assert "<code>python -m pipelines.capture --workload logp-native" in header
 
 
 def test_env_block_lists_each_variable_once(tmp_path):
-    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    html = html_of(tmp_path, inputs.EXAMPLE_DIR)
     assert html.count("<dt>CUDA_VISIBLE_DEVICES</dt>") == 1
 
 

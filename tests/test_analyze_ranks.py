@@ -300,7 +300,7 @@ def test_cross_rank_columns_are_the_documented_ones():
 def test_ranks_reach_the_workers_as_absolute_paths(tmp_path, monkeypatch):
     """A Dask worker runs in another directory: the exports must travel as absolute paths."""
     monkeypatch.chdir(DATA)
-    specs = ranks.discover(pathlib.Path("multiproc"), analyze.resolve)
+    specs = ranks.discover(pathlib.Path("multiproc"))
     assert len(specs) == 2 and all(s.source.trace.is_absolute() and s.source.trace.is_file() for s in specs)
 
 
