@@ -15,7 +15,7 @@ import sys
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, compare, inputs, report, trace_db
+from pipelines import analysis, compare, inputs, outdir, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
@@ -131,8 +131,8 @@ def check_outputs(outs: list[pathlib.Path]) -> None:
                              "give them different names or run them one at a time")
         seen[key] = 1
         try:
-            report.check_target(out)
-        except report.OutputError as e:
+            outdir.check_target(out)
+        except outdir.OutputError as e:
             raise UsageError(str(e)) from None
 
 
@@ -190,10 +190,10 @@ def run(args: argparse.Namespace) -> int:
         fails = analysis.failures(res) if args.require_fused else []
         syncs = analysis.sync_failures(res) if args.require_no_sync else []
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
+            written = outdir.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
                                          on_wait=lambda out=out: say(
                                              f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
-        except report.OutputError as e:
+        except outdir.OutputError as e:
             raise UsageError(str(e)) from None
         say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):

@@ -16,7 +16,7 @@ import types
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, ranks, report, sql
+from pipelines import analysis, outdir, ranks, report, sql
 
 COLUMNS = ["range", "rank", "instances", "range_total_ns", "span_ns", "busy_ns", "start_offset_ns", "verdict",
            "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks"]
@@ -149,9 +149,9 @@ def run(args) -> int:
     analyze.check_ranges(args.ranges, [types.SimpleNamespace(tables={"range_summary": red.tables["range_summary"]})])
     fails = failures(red) if args.require_fused else []
     try:
-        written = report.replace_dir(out, outputs(red, title, fails), on_wait=lambda: analyze.say(
+        written = outdir.replace_dir(out, outputs(red, title, fails), on_wait=lambda: analyze.say(
             f"{analyze.PROG}: waiting for another run writing beside {out}", sys.stderr))
-    except report.OutputError as e:
+    except outdir.OutputError as e:
         raise analyze.UsageError(str(e)) from None
     analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
     analyze.say(f"{analyze.PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
