@@ -12,7 +12,6 @@ import os
 import pathlib
 import sys
 
-import duckdb
 import pandas as pd
 
 from pipelines import analysis, compare, inputs, outdir, report, trace_db
@@ -86,28 +85,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
-# extremes: a subtraction, a negation or a sum overflows): bad input, one line naming the file.
-NUMERIC_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException)
-
-
-def _out_of_range(path: pathlib.Path, e: Exception) -> trace_db.TraceError:
-    return trace_db.TraceError(f"{path}: values out of range for 64-bit arithmetic, not a trace nsys writes "
-                               f"({trace_db.first_line(e)})")
-
-
 def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
     try:
         return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(src.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(src.trace, e) from None
 
 
 def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
     try:
         return compare.frame(cur, base, threshold)
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(base.source.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(base.source.trace, e) from None
 
 
 def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],

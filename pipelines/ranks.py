@@ -165,8 +165,6 @@ def _copy_parquet(con, df: pd.DataFrame, rank: int, path: pathlib.Path) -> None:
 def analyze_rank(job: RankJob) -> RankPartial:
     """One rank -> its tables as Parquet bytes. Runs in a pool process or on a Dask worker: everything it needs
     is in ``job`` (picklable), and it reads the export from the path there."""
-    from pipelines.analyze import NUMERIC_ERRORS, _out_of_range
-
     spec = job.spec
     con = trace_db.connect(threads=job.threads)
     prepare = keep_process(spec.proc) if spec.proc is not None else None
@@ -177,8 +175,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
         # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file
         con.execute("CREATE OR REPLACE TEMP TABLE rank_partial AS " + sql.text("cross_rank_partial"),
                     {"comm_patterns": list(job.comm_patterns)})
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(spec.source.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(spec.source.trace, e) from None
     start = con.execute("SELECT min(utcEpochNs) FROM src_TARGET_INFO_SESSION_START_TIME").fetchone()[0]
     frames = dict(res.tables, workloads=res.workloads)
     out: dict[str, bytes] = {}

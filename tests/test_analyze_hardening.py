@@ -70,6 +70,17 @@ def test_int64_extreme_timestamps_in_the_compare_baseline_are_one_line(tmp_path,
     assert not (tmp_path / "rep").exists()
 
 
+def test_int64_extreme_timestamps_in_a_rank_are_one_line(tmp_path, capsys):
+    # the map step (ranks.analyze_rank) turns DuckDB's numeric errors into the same one-line TraceError
+    (tmp_path / "job").mkdir()
+    shutil.copy(DATA / "verdicts" / "trace.sqlite", tmp_path / "job" / "rank0.sqlite")
+    trace_copy(tmp_path / "job", f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MIN} WHERE {FIRST_KERNEL}",
+               name="rank1.sqlite")
+    line = one_line_exit_2(capsys, "--ranks", tmp_path / "job", "--jobs", "1", "--out", tmp_path / "rep")
+    assert "rank1.sqlite: values out of range for 64-bit arithmetic" in line
+    assert not (tmp_path / "rep").exists()
+
+
 def run_copy(tmp_path, case="verdicts") -> pathlib.Path:
     """A run directory built from a fixture: its trace and manifest."""
     run = tmp_path / "run"
