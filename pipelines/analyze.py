@@ -11,10 +11,11 @@ import math
 import os
 import pathlib
 import sys
+import time
 
 import pandas as pd
 
-from pipelines import analysis, compare, inputs, outdir, report, trace_db
+from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
@@ -137,23 +138,24 @@ def comparison_meta(res: analysis.Result, inp: pathlib.Path, base: analysis.Resu
             "gate": "median GPU busy time per repetition of each fused workload, and its fused verdict"}
 
 
-def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
+def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
     """Every --range NAME matches a range of some input (`domain:name`, `:name`, or the bare message, as
-    analysis.workload_specs matches them); else a usage error naming the closest range names."""
+    analysis.workload_specs matches them); else a usage error naming the closest range names. ``range_tables``:
+    each input's range_summary (--ranks: one, the union of the ranks')."""
     import difflib
 
-    ranges = sorted({r for res in results for r in res.tables["range_summary"]["range"]})
+    several = len(range_tables) > 1
+    ranges = sorted({r for table in range_tables for r in table["range"]})
     for name in names:
         if any(r == name or r.endswith(":" + name) for r in ranges):
             continue
         if not ranges:
-            raise UsageError(f"--range {name}: the input{'s have' if len(results) > 1 else ' has'} no NVTX ranges")
+            raise UsageError(f"--range {name}: the input{'s have' if several else ' has'} no NVTX ranges")
         messages = sorted({r.split(":", 1)[1] for r in ranges} | set(ranges))
         close = difflib.get_close_matches(name, messages, n=3, cutoff=0.5)
         hint = f"closest: {', '.join(close)}" if close else \
             f"its ranges include {', '.join(ranges[:3])}{', ...' if len(ranges) > 3 else ''}"
-        raise UsageError(f"--range {name}: no such range in {'any input' if len(results) > 1 else 'the input'}; "
-                         f"{hint}")
+        raise UsageError(f"--range {name}: no such range in {'any input' if several else 'the input'}; {hint}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
     results = [analyze_source(s, args) for s in sources]
-    check_ranges(args.ranges, results)
+    check_ranges(args.ranges, [res.tables["range_summary"] for res in results])
     base = analyze_source(base_src, args) if base_src is not None else None
     metas = [None] * len(results)
     if base is not None:
@@ -205,9 +207,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_ranks(args: argparse.Namespace) -> int:
-    """--ranks DIR (pipelines.cross_rank): the ranks mapped over a pool or a Dask cluster, one cross-rank report."""
-    from pipelines import cross_rank, ranks
-
+    """--ranks DIR: discover the ranks, map them (a local process pool or a Dask cluster: pipelines.ranks),
+    reduce them (pipelines.cross_rank), write one report folder."""
     if args.ranks is None:
         raise UsageError("--executor and --jobs go with --ranks DIR")
     if args.inputs or args.compare is not None:
@@ -215,11 +216,35 @@ def run_ranks(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        return cross_rank.run(args)
+        specs = ranks.discover(args.ranks)
+        name = pathlib.Path(args.ranks).resolve().name
+        title = f"{name}: {len(specs)} ranks"
+        out = args.out if args.out is not None else pathlib.Path("reports") / f"ranks-{name}"
+        check_outputs([out])
+        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
+        t0 = time.perf_counter()
+        partials = ranks.run_jobs(jobs, args.executor, args.jobs)
     except ranks.RanksError as e:
         raise UsageError(str(e)) from None
     except ranks.ExecutorUnavailable as e:
         raise trace_db.ExtensionMissing(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
+    red = cross_rank.reduce(partials)
+    check_ranges(args.ranges, [red.tables["range_summary"]])
+    fails = cross_rank.failures(red) if args.require_fused else []
+    try:
+        written = outdir.replace_dir(out, cross_rank.outputs(red, title, fails), on_wait=lambda: say(
+            f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
+    except outdir.OutputError as e:
+        raise UsageError(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
+    say(f"{PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
+    for r in cross_rank.summary(red.cross).itertuples(index=False):
+        if r.verdicts or r.range == ranks.WHOLE_TRACE:
+            say(f"  {r.range}: slowest rank {r.slowest_rank} (spread {r.spread}); {r.verdicts or 'no verdict'}")
+    for f in fails:
+        say(f"{PROG}: not fused: {f}", sys.stderr)
+    return EXIT_CHECK_FAILED if fails else EXIT_OK
 
 
 def say(line: str, file=None) -> None:
@@ -244,8 +269,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m` runs this file as __main__, a second copy beside the pipelines.analyze that cross_rank imports:
-    # run that one, so that main catches the UsageError cross_rank raises (a traceback and exit 1 otherwise)
-    from pipelines.analyze import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())
