@@ -24,6 +24,9 @@ class _ProcessedLogp(torch.autograd.Function):
     def forward(ctx, logits, safe_ids, valid, bad, settings, return_entropy, record):
         n, vocab = safe_ids.numel(), logits.shape[-1]
         f = Filtered(logits.reshape(n, vocab), *settings)
+        # a row without a distribution (a NaN, no finite logit, at T > 0 a +inf one) is NaN, as on the plain path;
+        # saved with the bad rows, so its gradient is NaN too (an ignored row stays 0)
+        bad = bad | (valid & f.no_distribution())
         ids = safe_ids.view(n, 1)
         kept_id = f.kept.gather(-1, ids).view(n)
         logq = f.x - f.m - f.log_s  # log q over the row (meaningful on the kept set)

@@ -1,0 +1,108 @@
+"""Regression tests for the ops items of issue 29 (Hardening), one test per item, named by its number, written
+against the public entry points (rlkernel.logp, sample, linear_logp, linear_logp_loss, and torch.compile of them).
+
+3: processed logp of a row without a distribution (all -inf) is NaN (logp, entropy, gradient), as plain logp's;
+4: a NaN logit on the processed path gives NaN, as on the plain path;
+8: torch.compile with the default inductor backend: what the contract now claims for the native path on CPU;
+9: double backward is refused with a RuntimeError naming the op (never a silent NaN or a silently dropped term);
+10: uint64 token ids are refused (2^64 - 1 would wrap to -1);
+21: a hidden size of 0 is refused before any work;
+and the decision on a float64 per-row temperature that rounds to 0 in float32.
+The tests marked gpu run the CUDA paths (native and fused) of the same items.
+"""
+import contextlib
+
+import pytest
+import torch
+
+import rlkernel
+
+NINF, NAN = float("-inf"), float("nan")
+# every kind of filter that sends rlkernel.logp to the processed path
+FILTERS = [pytest.param(dict(top_k=2), id="top_k"), pytest.param(dict(top_p=0.5), id="top_p"),
+           pytest.param(dict(min_p=0.1), id="min_p"), pytest.param(dict(temperature=0.0), id="T0"),
+           pytest.param("ones", id="T-rows"), pytest.param(dict(top_k=3, top_p=0.9, min_p=0.05), id="all")]
+CUDA_BACKENDS = [pytest.param("native", id="cuda-native"), pytest.param("fused", id="cuda-fused")]
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _kw(filt, n, device):
+    return dict(temperature=torch.ones(n, device=device)) if filt == "ones" else dict(filt)
+
+
+def _need(backend):
+    if backend == "fused":
+        from rlkernel import _ext
+
+        # not a skip: on a CUDA machine these tests need the build (python setup.py build_ext --inplace)
+        assert _ext.unavailable_reason() is None and _ext.has_op("logp_processed_forward"), _ext.unavailable_reason()
+
+
+@contextlib.contextmanager
+def _clean_record():
+    rlkernel.check_errors()
+    yield
+    with contextlib.suppress(IndexError, ValueError):
+        rlkernel.check_errors()
+
+
+# ---- 3 and 4: rows without a distribution on the processed path ---------------------------------------------------
+
+def _dead_rows(vocab, device, dtype=torch.float32):
+    """Rows: 0 all -inf, 1 a NaN at a token that is not the id, 2 a NaN at the id, 3 normal, 4 all -inf but ignored,
+    5 +inf at T > 0 (no distribution either, unless T = 0). Ids: 1 (row 3: its argmax, kept by every filter; row 4:
+    ignore_index)."""
+    g = torch.Generator().manual_seed(29)
+    x = torch.randn(6, vocab, generator=g).to(dtype)
+    x[0] = NINF
+    x[1, vocab - 1] = NAN
+    x[2, 1] = NAN
+    x[4] = NINF
+    x[5, 0] = float("inf")
+    ids = torch.ones(6, dtype=torch.int64)
+    ids[3] = x[3].argmax()
+    ids[4] = -100
+    return x.to(device), ids.to(device)
+
+
+def _check_dead_rows(filt, device, backend, vocab, rows, dtype=torch.float32):
+    x, ids = _dead_rows(vocab, device, dtype)
+    kw = _kw(filt, x.shape[0], device)
+    greedy = isinstance(filt, dict) and filt.get("temperature") == 0.0
+    x.requires_grad_(True)
+    lp, ent = rlkernel.logp(x, ids, return_entropy=True, backend=backend, **kw)
+    (lp.nan_to_num(0.0, 0.0, 0.0).sum() + ent.nan_to_num(0.0, 0.0, 0.0).sum()).backward()
+    lp, ent, grad = lp.detach().cpu(), ent.detach().cpu(), x.grad.float().cpu()
+    dead = [r for r in rows if not (greedy and r == 5)]  # T = 0: a +inf logit is the argmax, a fine row
+    for r in dead:
+        assert torch.isnan(lp[r]), f"row {r}: logp {lp[r].item()}, not NaN"
+        assert torch.isnan(ent[r]), f"row {r}: entropy {ent[r].item()}, not NaN"
+        assert bool(grad[r].isnan().all()), f"row {r}: gradient {grad[r].tolist()}, not NaN"
+    assert torch.isfinite(lp[3]) and torch.isfinite(ent[3]) and bool(grad[3].isfinite().all())
+    assert lp[4].item() == 0.0 and ent[4].item() == 0.0 and bool((grad[4] == 0).all())  # ignored: 0, no gradient
+
+
+@pytest.mark.parametrize("filt", FILTERS)
+def test_item3_processed_logp_of_an_all_neginf_row_is_nan(filt):
+    _check_dead_rows(filt, "cpu", "auto", 7, rows=[0, 5])
+
+
+@pytest.mark.parametrize("filt", FILTERS)
+def test_item4_processed_logp_of_a_nan_row_is_nan_as_plain(filt):
+    _check_dead_rows(filt, "cpu", "auto", 7, rows=[1, 2])
+    x, ids = _dead_rows(7, "cpu")
+    plain, plain_ent = rlkernel.logp(x, ids, return_entropy=True)
+    assert bool(plain[[1, 2]].isnan().all()) and bool(plain_ent[[1, 2]].isnan().all())  # the plain path's answer
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("vocab", [50, 20000], ids=["one-chunk", "overflowing"])  # fused: select vs whole-row path
+@pytest.mark.parametrize("filt", FILTERS + [pytest.param(dict(top_k=200), id="top_k-large")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("item", [3, 4])
+def test_item3_item4_gpu_dead_and_nan_rows_are_nan(item, dtype, filt, vocab, backend):
+    _need(backend)
+    with _clean_record():
+        _check_dead_rows(filt, "cuda", backend, vocab, rows=[0, 5] if item == 3 else [1, 2], dtype=dtype)
