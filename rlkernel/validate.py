@@ -53,6 +53,14 @@ def no_distribution_error(row: int, note: str = "") -> ValueError:
     return ValueError(f"sample: row {row} has no finite probabilities (all -inf or NaN logits){note}")
 
 
+def _check_ids_dtype(token_ids: torch.Tensor) -> None:
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
+        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if token_ids.dtype == torch.uint64:  # the ops read ids as int64: 2^64 - 1 would become id -1 (an ignore_index)
+        raise TypeError("token_ids must be an integer tensor that int64 holds, got torch.uint64 (an id >= 2^63 "
+                        "would wrap to a negative one): convert to int64")
+
+
 def check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
@@ -125,6 +133,8 @@ def _row_tensor(name: str, value: torch.Tensor, logits: torch.Tensor, dtype: tor
         raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
     if dtype == torch.int64 and value.is_floating_point():
         raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if name == "top_k" and value.dtype == torch.uint64:  # 2^64 - 1 would become -1 (a seed keeps its 64 bits)
+        raise TypeError("top_k must be an integer tensor that int64 holds, got torch.uint64: convert to int64")
     if value.device != logits.device:
         raise ValueError(f"{name} on {value.device} but logits on {logits.device}: must be on one device")
     if value.dim() != 0 and value.shape != lead:
@@ -211,8 +221,7 @@ def check_logp_args(logits, token_ids, temperature, ignore_index, top_k=0, top_p
     check_logits(logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
-        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    _check_ids_dtype(token_ids)
     if token_ids.shape != logits.shape[:-1]:
         raise ValueError(
             f"token_ids shape {tuple(token_ids.shape)} must equal logits.shape[:-1] {tuple(logits.shape[:-1])}"
@@ -274,8 +283,7 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
         if bias.device != hidden.device:
             raise ValueError(f"hidden on {hidden.device} and bias on {bias.device}: must be on one device")
     _tensor("token_ids", token_ids, floating=False)
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
-        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    _check_ids_dtype(token_ids)
     if token_ids.shape != hidden.shape[:-1]:
         raise ValueError(f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:-1] "
                          f"{tuple(hidden.shape[:-1])} (hidden shape {tuple(hidden.shape)})")

@@ -106,3 +106,25 @@ def test_item3_item4_gpu_dead_and_nan_rows_are_nan(item, dtype, filt, vocab, bac
     _need(backend)
     with _clean_record():
         _check_dead_rows(filt, "cuda", backend, vocab, rows=[0, 5] if item == 3 else [1, 2], dtype=dtype)
+
+
+# ---- 10: uint64 ids --------------------------------------------------------------------------------------------------
+
+def test_item10_uint64_token_ids_are_refused():
+    ids = torch.tensor([2**64 - 1, 3], dtype=torch.uint64)
+    x, h, w = torch.randn(2, 10), torch.randn(2, 4), torch.randn(10, 4)
+    calls = [lambda ii: rlkernel.logp(x, ids, ignore_index=ii),
+             lambda ii: rlkernel.logp(x, ids, top_k=3, ignore_index=ii),
+             lambda ii: rlkernel.linear_logp(h, w, ids, ignore_index=ii),
+             lambda ii: rlkernel.linear_logp_loss(h, w, ids, lambda lp, ent, s: -lp, ignore_index=ii)]
+    for call in calls:
+        for ignore_index in (-100, -1):  # -1: 2^64 - 1 wrapped to it was silently ignored
+            rlkernel.dispatch.reset()
+            with pytest.raises(TypeError, match="token_ids.*uint64"):
+                call(ignore_index)
+            assert rlkernel.dispatch.history() == [], "refused before any dispatch record"
+    with pytest.raises(TypeError, match="top_k.*uint64"):  # a per-row top_k of 2^64 - 1 wrapped to -1 too
+        rlkernel.sample(x, top_k=torch.tensor([2**64 - 1, 3], dtype=torch.uint64))
+    # uint8/16/32 ids fit in int64: still fine
+    assert torch.equal(rlkernel.logp(x, ids.to(torch.int64).clamp(0, 9).to(torch.uint32)),
+                       rlkernel.logp(x, ids.to(torch.int64).clamp(0, 9)))
