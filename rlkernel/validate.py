@@ -268,6 +268,9 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
                          f"{hidden.shape[-1]}")
     if weight.shape[0] == 0:
         raise ValueError("weight has no rows: a vocabulary of size 0 has no distribution")
+    if weight.shape[1] == 0:  # refused rather than answered: every row's logits would be the bias alone
+        raise ValueError(f"{op}: hidden size 0 (weight shape {tuple(weight.shape)}): the logits would not depend on "
+                         f"hidden; use rlkernel.logp on the bias (or zeros) instead")
     if weight.shape[0] >= 1 << 31:
         raise ValueError(f"weight has {weight.shape[0]} rows: the vocabulary must be < 2^31")
     if weight.dtype != hidden.dtype:

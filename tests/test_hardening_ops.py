@@ -128,3 +128,18 @@ def test_item10_uint64_token_ids_are_refused():
     # uint8/16/32 ids fit in int64: still fine
     assert torch.equal(rlkernel.logp(x, ids.to(torch.int64).clamp(0, 9).to(torch.uint32)),
                        rlkernel.logp(x, ids.to(torch.int64).clamp(0, 9)))
+
+
+# ---- 21: hidden size 0 ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("op", ["linear_logp.forward", "linear_logp_loss"])
+def test_item21_hidden_size_zero_is_refused_before_any_work(op, with_bias):
+    h, w, ids = torch.randn(4, 0), torch.randn(5, 0), torch.tensor([0, 1, 2, 3])
+    bias = torch.randn(5) if with_bias else None
+    with pytest.raises(ValueError, match=rf"{op}: hidden size 0"):
+        if op == "linear_logp_loss":
+            rlkernel.linear_logp_loss(h, w, ids, lambda lp, ent, s: -lp, bias=bias)
+        else:
+            rlkernel.linear_logp(h, w, ids, bias=bias)
+    assert rlkernel.dispatch.history() == [], "refused before any dispatch record"
