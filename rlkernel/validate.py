@@ -173,22 +173,36 @@ def row_faults(settings: RowSettings) -> tuple[torch.Tensor, torch.Tensor] | Non
     return bad, code.to(torch.int64)
 
 
-def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor) -> None:
-    """CPU tensors: values are checked at once (no sync to fear), naming the first bad row's argument."""
+def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor, given: tuple) -> None:
+    """CPU tensors: values are checked at once (no sync to fear), naming the first bad row's argument and its value
+    as given (``given``: the four settings as the caller passed them, before any rounding to float32)."""
     if logits.device.type != "cpu" or torch.compiler.is_compiling() or not settings.per_row():
         return
     faults = row_faults(settings)
     if faults is not None and bool(faults[0].any()):
         row = int(faults[0].nonzero()[0])
-        name = ARGUMENTS[int(faults[1][row])]
-        raise bad_arg_error(op, name, row, getattr(settings, name)[row].item())
+        code = int(faults[1][row])
+        value = given[code]
+        value = value.expand(logits.shape[:-1]).reshape(-1) if value.dim() == 0 else value.reshape(-1)
+        raise bad_arg_error(op, ARGUMENTS[code], row, value[row].item())
+
+
+def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A temperature tensor as float32 [N]: a float64 value > 0 that rounds to 0 in float32 becomes NaN (out of range,
+    so refused: on CPU at once, on CUDA through the device error record) instead of a silent T = 0 (greedy) row.
+    Every other dtype's positive values stay positive in float32."""
+    t = _row_tensor("temperature", value, logits, torch.float32)
+    if value.dtype == torch.float64:
+        wide = _row_tensor("temperature", value, logits, torch.float64)
+        t = torch.where((wide > 0) & (t == 0), torch.full_like(t, math.nan), t)
+    return t
 
 
 def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
     """Each setting checked (numbers at once: ValueError/TypeError naming it) and normalised (see RowSettings)."""
     vocab = logits.shape[-1]
     if isinstance(temperature, torch.Tensor):
-        temperature = _row_tensor("temperature", temperature, logits, torch.float32)
+        temperature = _temperature_rows(temperature, logits)
     else:
         temperature = check_temperature(temperature, allow_zero=True)
     if type(top_k) is int and top_k >= 0:  # the common case first: the ABC checks below cost a loop's microseconds
@@ -234,7 +248,7 @@ def check_logp_args(logits, token_ids, temperature, ignore_index, top_k=0, top_p
     # A CPU check costs no sync: raise before any work, as the contract says. Not while torch.compile traces: a
     # compiled graph cannot raise on values (the bad rows are NaN).
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _raise_cpu_faults("logp.forward", settings, logits)
+        _raise_cpu_faults("logp.forward", settings, logits, (temperature, top_k, top_p, min_p))
         ids = token_ids.reshape(-1).long()
         bad = (ids != ignore_index) & ((ids < 0) | (ids >= logits.shape[-1]))
         if bool(bad.any()):
@@ -337,5 +351,5 @@ def check_sample_args(logits, temperature, top_k, top_p, generator, min_p=0.0, s
     offset = _seed_like("offset", offset, logits)
     if seed is None and (isinstance(offset, torch.Tensor) or offset != 0):
         raise ValueError("offset needs seed: it is the counter of the per-row seeded generator")
-    _raise_cpu_faults("sample", settings, logits)
+    _raise_cpu_faults("sample", settings, logits, (temperature, top_k, top_p, min_p))
     return settings, seed, offset

@@ -143,3 +143,36 @@ def test_item21_hidden_size_zero_is_refused_before_any_work(op, with_bias):
         else:
             rlkernel.linear_logp(h, w, ids, bias=bias)
     assert rlkernel.dispatch.history() == [], "refused before any dispatch record"
+
+
+# ---- decision: a float64 per-row temperature that rounds to 0 in float32 ------------------------------------------
+
+def test_decision_float64_temperature_underflowing_float32_is_refused():
+    x = torch.randn(3, 10, generator=torch.Generator().manual_seed(5))
+    t = torch.tensor([1.0, 1e-300, 0.0], dtype=torch.float64)  # row 1: > 0, but 0 in float32; row 2: a true 0
+    with pytest.raises(ValueError, match=r"sample: temperature of row 1 is out of range \(1e-300\)"):
+        rlkernel.sample(x, temperature=t)
+    with pytest.raises(ValueError, match=r"logp.forward: temperature of row 1 is out of range \(1e-300\)"):
+        rlkernel.logp(x, torch.zeros(3, dtype=torch.int64), temperature=t)
+    with pytest.raises(ValueError, match="too small"):  # the same number as a Python float: refused as before
+        rlkernel.sample(x, temperature=1e-300)
+    ok = torch.tensor([1.0, 1e-30, 0.0], dtype=torch.float64)  # 1e-30: a tiny but valid float32 temperature
+    assert rlkernel.sample(x, temperature=ok, seed=1).tolist()[1:] == x.argmax(-1).tolist()[1:]
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_decision_gpu_float64_temperature_underflow_goes_to_the_record(backend):
+    _need(backend)
+    x = torch.randn(3, 1000, device="cuda")
+    t = torch.tensor([1.0, 1e-300, 0.0], dtype=torch.float64, device="cuda")
+    with _clean_record():
+        ids = rlkernel.sample(x, temperature=t, seed=3, backend=backend)
+        with pytest.raises(ValueError, match="sample: temperature of row 1 is out of range"):
+            rlkernel.check_errors()
+        assert ids[1].item() == -1 and ids[2].item() == int(x[2].argmax())
+        lp = rlkernel.logp(x, torch.zeros(3, dtype=torch.int64, device="cuda"), temperature=t, backend=backend)
+        with pytest.raises(ValueError, match="logp.forward: temperature of row 1 is out of range"):
+            rlkernel.check_errors()
+        assert torch.isnan(lp[1]) and not torch.isnan(lp[[0, 2]]).any()
