@@ -108,6 +108,66 @@ def test_item3_item4_gpu_dead_and_nan_rows_are_nan(item, dtype, filt, vocab, bac
         _check_dead_rows(filt, "cuda", backend, vocab, rows=[0, 5] if item == 3 else [1, 2], dtype=dtype)
 
 
+# ---- 9: double backward ---------------------------------------------------------------------------------------------
+
+SECOND_ORDER = "second derivatives are not supported"
+
+
+def _second_order_refused(out, x, op):
+    """d out / d x with create_graph=True, then a Hessian-vector product: must raise, naming the op. Returns the
+    first-order gradient (so it can be compared with the one taken without create_graph)."""
+    (g,) = torch.autograd.grad(out, x, create_graph=True)
+    v = torch.randn(g.shape, dtype=g.dtype, generator=torch.Generator().manual_seed(9)).to(g.device)
+    with pytest.raises(RuntimeError, match=rf"{op}: {SECOND_ORDER}"):
+        torch.autograd.grad((g * v).sum(), x)
+    with pytest.raises(RuntimeError, match=rf"{op}: {SECOND_ORDER}"):  # mixed with a differentiable term: no drop
+        torch.autograd.grad((g * g).sum() + (x * x).sum(), x)
+    return g.detach()
+
+
+def _logp_cases(device, backend, dtype):
+    x = torch.randn(3, 6, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(device)
+    x[0, 2] = NINF  # the row whose entropy HVP was NaN
+    ids = torch.tensor([1, 2, 3], device=device)
+    return [("logp.backward", x, lambda t: rlkernel.logp(t, ids, return_entropy=True, backend=backend)[1].sum()),
+            ("logp.backward", x, lambda t: rlkernel.logp(t, ids, return_entropy=True, top_k=4,
+                                                        backend=backend)[1].sum()),
+            ("logp.backward", x, lambda t: rlkernel.logp(t, ids, backend=backend).sum())]
+
+
+def _linear_cases(device, backend, dtype):
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(3, 4, dtype=dtype, generator=g).to(device)
+    w = torch.randn(5, 4, dtype=dtype, generator=g).to(device)
+    ids = torch.tensor([1, 2, 3], device=device)
+    return [("linear_logp.backward", h, lambda t: rlkernel.linear_logp(
+                t, w, ids, return_entropy=True, batch_invariant=True, backend=backend)[1].sum()),
+            ("linear_logp.backward", h, lambda t: rlkernel.linear_logp(t, w, ids, backend=backend).sum()),
+            ("linear_logp_loss", h, lambda t: rlkernel.linear_logp_loss(
+                t, w, ids, lambda lp, ent, s: -lp - 0.1 * ent, backend=backend))]
+
+
+def _check_double_backward(device, backend, dtype):
+    for op, x0, f in _logp_cases(device, backend, dtype) + _linear_cases(device, backend, dtype):
+        x = x0.clone().requires_grad_(True)
+        g = _second_order_refused(f(x), x, op)
+        (plain,) = torch.autograd.grad(f(x), x)
+        assert torch.equal(g, plain), f"{op}: create_graph=True changed the first-order gradient"
+
+
+def test_item9_double_backward_is_refused_naming_the_op():
+    _check_double_backward("cpu", "auto", torch.float64)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+def test_item9_gpu_double_backward_is_refused_naming_the_op(backend):
+    _need(backend)
+    with _clean_record():
+        _check_double_backward("cuda", backend, torch.float32)
+
+
 # ---- 10: uint64 ids --------------------------------------------------------------------------------------------------
 
 def test_item10_uint64_token_ids_are_refused():

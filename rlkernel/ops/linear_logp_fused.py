@@ -28,6 +28,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.logp_fused import as_rows
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
@@ -281,6 +282,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         return logp, (entropy if return_entropy else None)
 
     @staticmethod
+    @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_entropy):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")

@@ -18,6 +18,7 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import linear_logp_loss_chunks as chunks
+from rlkernel.ops import second_order
 from rlkernel.validate import check_linear_args
 
 OP = "linear_logp_loss"
@@ -53,10 +54,11 @@ class _PrecomputedGrads(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, run):
         loss, grads = run(ctx.needs_input_grad[:3])
         ctx.grads = grads
+        ctx.save_for_backward(hidden, weight, bias)  # references only: what a refused second derivative hangs on
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @second_order.refused("linear_logp_loss")
     def backward(ctx, grad_loss):
         if ctx.grads is None:
             raise RuntimeError("linear_logp_loss: backward ran twice; its gradients were computed once, in the forward")

@@ -20,6 +20,7 @@ import math
 import torch
 
 from rlkernel import _ext, dispatch, errors
+from rlkernel.ops import second_order
 
 _registered = False
 _FORWARD = None  # torch.ops.rlkernel.logp_forward.default once registered
@@ -72,6 +73,7 @@ def _tracing(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or is_fake(t)
 
 
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats):
     logits, ids, stats, entropy = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):

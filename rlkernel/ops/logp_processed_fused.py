@@ -19,6 +19,7 @@ import contextlib
 import torch
 
 from rlkernel import _ext, dispatch, errors
+from rlkernel.ops import second_order
 from rlkernel.ops.logp_fused import as_rows, flat_ids, report_as_logp_call
 from rlkernel.ops.sampling_fused import split_setting
 
@@ -55,6 +56,7 @@ def _row_grad(g):
     return None if g is None else g.reshape(-1).to(torch.float32)
 
 
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_threshold):
     logits, ids, stats, threshold = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):

@@ -11,6 +11,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.filters_native import Filtered, row_sum
 from rlkernel.validate import RowSettings, row_faults
 
@@ -44,6 +45,7 @@ class _ProcessedLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward
