@@ -11,6 +11,7 @@ and the decision on a float64 per-row temperature that rounds to 0 in float32.
 The tests marked gpu run the CUDA paths (native and fused) of the same items.
 """
 import contextlib
+import shutil
 
 import pytest
 import torch
@@ -106,6 +107,59 @@ def test_item3_item4_gpu_dead_and_nan_rows_are_nan(item, dtype, filt, vocab, bac
     _need(backend)
     with _clean_record():
         _check_dead_rows(filt, "cuda", backend, vocab, rows=[0, 5] if item == 3 else [1, 2], dtype=dtype)
+
+
+# ---- 8: torch.compile with the default backend ---------------------------------------------------------------------
+
+needs_cxx = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")),
+                               reason="inductor on CPU needs a C++ compiler")
+
+
+@needs_cxx
+def test_item8_inductor_on_cpu_is_what_the_contract_says():
+    """Contract 1, torch.compile: the native path under the default (inductor) backend is within float32 rounding of
+    eager (not bitwise: inductor fuses and reorders the reductions); a seeded draw gives eager's ids; a draw from
+    torch's generator gives eager's ids after the same manual_seed only with inductor's fallback_random."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(4, 6, 33, generator=g, requires_grad=True)
+    ids = torch.randint(0, 33, (4, 6), generator=g)
+
+    def step(x, ids):
+        return rlkernel.logp(x, ids, return_entropy=True, temperature=0.7)
+
+    lp_c, ent_c = torch.compile(step, fullgraph=True)(x, ids)
+    (lp_c.sum() + ent_c.sum()).backward()
+    grad_c, x.grad = x.grad.clone(), None
+    lp, ent = step(x, ids)
+    (lp.sum() + ent.sum()).backward()
+    for got, want in ((lp_c, lp), (ent_c, ent), (grad_c, x.grad)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+    rows = torch.randn(64, 40, generator=g)
+    kw = dict(top_k=5, top_p=0.9, temperature=0.8, return_logprobs=True)
+    ids_c, tlp_c = torch.compile(lambda r: rlkernel.sample(r, seed=7, offset=3, **kw), fullgraph=True)(rows)
+    ids_e, tlp_e = rlkernel.sample(rows, seed=7, offset=3, **kw)
+    assert torch.equal(ids_c, ids_e)
+    torch.testing.assert_close(tlp_c, tlp_e, atol=1e-5, rtol=1e-5)
+
+    def draw(r):
+        return rlkernel.sample(r, **kw)
+
+    torch.manual_seed(11)
+    ids_c, _ = torch.compile(draw, fullgraph=True)(rows)
+    kept = rows.topk(5, dim=-1).indices
+    assert bool((ids_c.unsqueeze(-1) == kept).any(-1).all()), "inductor's own noise must still draw from the kept set"
+    torch._dynamo.reset()
+    with inductor_config.patch(fallback_random=True):
+        torch.manual_seed(11)
+        ids_c, _ = torch.compile(draw, fullgraph=True)(rows)
+    torch.manual_seed(11)
+    ids_e, _ = draw(rows)
+    assert torch.equal(ids_c, ids_e)
+    torch._dynamo.reset()
 
 
 # ---- 9: double backward ---------------------------------------------------------------------------------------------
