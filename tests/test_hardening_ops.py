@@ -27,8 +27,12 @@ CUDA_BACKENDS = [pytest.param("native", id="cuda-native"), pytest.param("fused",
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-def _kw(filt, n, device):
-    return dict(temperature=torch.ones(n, device=device)) if filt == "ones" else dict(filt)
+def _kw(filt, n, vocab, device):
+    if filt == "ones":
+        return dict(temperature=torch.ones(n, device=device))
+    if filt == "k=V-1":  # fused: past kMaxFastK (128) the whole-row path, below it the fast one
+        return dict(top_k=vocab - 1)
+    return dict(filt)
 
 
 def _need(backend):
@@ -68,7 +72,7 @@ def _dead_rows(vocab, device, dtype=torch.float32):
 
 def _check_dead_rows(filt, device, backend, vocab, rows, dtype=torch.float32):
     x, ids = _dead_rows(vocab, device, dtype)
-    kw = _kw(filt, x.shape[0], device)
+    kw = _kw(filt, x.shape[0], vocab, device)
     greedy = isinstance(filt, dict) and filt.get("temperature") == 0.0
     x.requires_grad_(True)
     lp, ent = rlkernel.logp(x, ids, return_entropy=True, backend=backend, **kw)
@@ -100,7 +104,7 @@ def test_item4_processed_logp_of_a_nan_row_is_nan_as_plain(filt):
 @requires_cuda
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
 @pytest.mark.parametrize("vocab", [50, 20000], ids=["one-chunk", "overflowing"])  # fused: select vs whole-row path
-@pytest.mark.parametrize("filt", FILTERS + [pytest.param(dict(top_k=200), id="top_k-large")])
+@pytest.mark.parametrize("filt", FILTERS + [pytest.param("k=V-1", id="top_k-V-1")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("item", [3, 4])
 def test_item3_item4_gpu_dead_and_nan_rows_are_nan(item, dtype, filt, vocab, backend):
