@@ -177,7 +177,7 @@ def _second_order_refused(out, x, op):
     (g,) = torch.autograd.grad(out, x, create_graph=True)
     v = torch.randn(g.shape, dtype=g.dtype, generator=torch.Generator().manual_seed(9)).to(g.device)
     with pytest.raises(RuntimeError, match=rf"{op}: {SECOND_ORDER}"):
-        torch.autograd.grad((g * v).sum(), x)
+        torch.autograd.grad((g * v).sum(), x, retain_graph=True)  # kept for the next try
     with pytest.raises(RuntimeError, match=rf"{op}: {SECOND_ORDER}"):  # mixed with a differentiable term: no drop
         torch.autograd.grad((g * g).sum() + (x * x).sum(), x)
     return g.detach()
@@ -207,10 +207,11 @@ def _linear_cases(device, backend, dtype):
 
 def _check_double_backward(device, backend, dtype):
     for op, x0, f in _logp_cases(device, backend, dtype) + _linear_cases(device, backend, dtype):
-        x = x0.clone().requires_grad_(True)
-        g = _second_order_refused(f(x), x, op)
-        (plain,) = torch.autograd.grad(f(x), x)
-        assert torch.equal(g, plain), f"{op}: create_graph=True changed the first-order gradient"
+        for upstream in (False, True):  # the op's input itself, or a parameter behind it (as in a model)
+            x = x0.clone().requires_grad_(True)
+            g = _second_order_refused(f(x * 1.5 if upstream else x), x, op)
+            (plain,) = torch.autograd.grad(f(x * 1.5 if upstream else x), x)
+            assert torch.equal(g, plain), f"{op}: create_graph=True changed the first-order gradient"
 
 
 def test_item9_double_backward_is_refused_naming_the_op():
