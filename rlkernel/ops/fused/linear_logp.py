@@ -28,6 +28,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas
 from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
@@ -246,6 +247,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         return logp, (entropy if return_entropy else None)
 
     @staticmethod
+    @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_entropy):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")

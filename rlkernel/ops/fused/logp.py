@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _ext, dispatch, errors
+from rlkernel.ops import second_order
 from rlkernel.ops.rows import as_rows, eager_entry_ok, flat_ids, report_as_logp_call, row_grad
 
 _registered = False
@@ -63,6 +64,7 @@ def _tracing(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or is_fake(t)
 
 
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats):
     logits, ids, stats, entropy = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):

@@ -19,6 +19,7 @@ import contextlib
 import torch
 
 from rlkernel import _ext, dispatch, errors
+from rlkernel.ops import second_order
 from rlkernel.ops.rows import as_rows, flat_ids, report_as_logp_call, row_grad, split_setting
 
 _registered = False
@@ -50,6 +51,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(logits, ids, stats, threshold)
 
 
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_threshold):
     logits, ids, stats, threshold = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):

@@ -20,6 +20,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas
 from rlkernel.ops.native.softmax import compute_dtype, entropy
 
@@ -87,6 +88,7 @@ class _NativeLinearLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record

@@ -10,6 +10,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.native.softmax import compute_dtype, entropy, row_stats
 
 
@@ -36,6 +37,7 @@ class _NativeLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward

@@ -11,6 +11,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import second_order
 from rlkernel.ops.native.filters import Filtered, row_sum
 from rlkernel.validate import RowSettings, row_faults
 
@@ -25,6 +26,9 @@ class _ProcessedLogp(torch.autograd.Function):
     def forward(ctx, logits, safe_ids, valid, bad, settings, return_entropy, record):
         n, vocab = safe_ids.numel(), logits.shape[-1]
         f = Filtered(logits.reshape(n, vocab), *settings)
+        # a row without a distribution (a NaN, no finite logit, at T > 0 a +inf one) is NaN, as on the plain path;
+        # saved with the bad rows, so its gradient is NaN too (an ignored row stays 0)
+        bad = bad | (valid & f.no_distribution())
         ids = safe_ids.view(n, 1)
         kept_id = f.kept.gather(-1, ids).view(n)
         logq = f.x - f.m - f.log_s  # log q over the row (meaningful on the kept set)
@@ -42,6 +46,7 @@ class _ProcessedLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward
