@@ -3,8 +3,9 @@
 The usual way to get the fused kernels is no build here at all: a plain install ships csrc/ inside the package, and
 the first call that needs rlkernel._C builds it into a per-user cache, or `python -m rlkernel.build` does ahead of
 time (rlkernel/_ext.py, rlkernel/_jit.py). An in-tree build still wins where it is there:
-`MAX_JOBS=2 python setup.py build_ext --inplace` builds it from csrc/ (every csrc/*.cu and csrc/*.cpp, with the
-flags of rlkernel/_jit.py) for TORCH_CUDA_ARCH_LIST, or for the local GPU when that is unset. torch is imported only
+`MAX_JOBS=2 python setup.py build_ext --inplace` builds it from csrc/ (every csrc/*.cu and csrc/*.cpp: the kernels,
+the op library and its op files, the Python module and the stream helper; with the flags of rlkernel/_jit.py) for
+TORCH_CUDA_ARCH_LIST, or for the local GPU when that is unset. torch is imported only
 here, only to build: without torch (pip's isolated build), with a CPU-only torch, without nvcc, or with
 RLKERNEL_BUILD_EXT=0, `pip install .` still works and builds nothing here.
 """
@@ -60,7 +61,7 @@ def _cuda_extension():
     archs = ",".join(_built_archs(arch_flags))
     rel = lambda p: os.path.relpath(p, ROOT)  # setuptools wants sources relative to setup.py
     sources = [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cu")))]
-    sources += [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))]  # bindings, ops, stream
+    sources += [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))]  # library, ops, module, stream
     cxx_flags, nvcc_flags = _jit_flags()
     ext = cpp_extension.CUDAExtension(
         name="rlkernel._C",

@@ -136,7 +136,7 @@ def test_sdist_and_wheel_ship_every_csrc_file_the_build_needs(installed, tmp_pat
     from rlkernel import _jit
 
     needed = _jit.source_files(ROOT / "csrc")
-    assert {"include/rlkernel/torch_ops.h"} < set(needed) and any(f.endswith(".cu") for f in needed)
+    assert any(f.endswith(".cu") for f in needed) and any(f.startswith("include/rlkernel/") for f in needed)
     wheel = set(zipfile.ZipFile(installed["wheel"]).namelist())
     assert [f for f in needed if f"rlkernel/csrc/{f}" not in wheel] == []
     sdist_py = f"from setuptools import build_meta as b; print(b.build_sdist({str(tmp_path)!r}))"
