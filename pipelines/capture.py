@@ -35,6 +35,7 @@ from rlkernel.cli import (
     OUTPUT_DIR_HINTS,
     CliError,
     OneLineParser,
+    check_env_flags,
     fail,
 )
 
@@ -487,6 +488,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         validate(args)
+        check_env_flags()  # before any run directory: a bad value would fail the child, and keep a -failed run
         environ = dict(os.environ, PYTHONUNBUFFERED="1",
                        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
         found = preflight(args, environ)
