@@ -20,13 +20,12 @@ import io
 import math
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-from pipelines import ncu_csv, runs, tools
+from pipelines import ncu_csv, procs, runs, tools
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
@@ -235,10 +234,11 @@ class Capture:
     def steps(self, items: list[tuple], capture_stdout=False) -> list[tuple[int, str]]:
         """Run (name, argv, log, environ) commands side by side, as ``step`` does one. Several run in sessions of
         their own: when one fails, or on an interrupt, the others' whole process trees (nsys and its child) are
-        ended, since a rank waiting for a dead peer would wait out gloo's 30-minute timeout."""
+        ended, since a rank waiting for a dead peer would wait out gloo's 30-minute timeout. An interrupt or a
+        SIGTERM (``procs.Terminated``) ends every command's tree before it goes on up."""
         d = self.run.path
         with contextlib.ExitStack() as stack:
-            procs = []
+            started = []
             try:
                 for name, argv, log, environ in items:
                     self.progress(f"{name}: {' '.join(argv[:2])} ...")
@@ -247,16 +247,16 @@ class Capture:
                     for f in (out, err):
                         f.write(f"== {name}: {' '.join(argv)}\n")
                         f.flush()
-                    procs.append((subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out,
-                                                   stderr=err, env=environ, text=True,
-                                                   start_new_session=len(items) > 1), time.monotonic()))
-                text = procs[0][0].communicate()[0] if capture_stdout else ""
-                ended = self._wait([p for p, _ in procs], [it[0] for it in items])
+                    started.append((subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out,
+                                                     stderr=err, env=environ, text=True,
+                                                     start_new_session=len(items) > 1), time.monotonic()))
+                text = started[0][0].communicate()[0] if capture_stdout else ""
+                ended = self._wait([p for p, _ in started], [it[0] for it in items])
             except BaseException:
-                self._end([p for p, _ in procs])
+                procs.end([p for p, _ in started], own_session=len(items) > 1)
                 raise
         results = []
-        for (name, argv, _, _), (proc, t), end in zip(items, procs, ended, strict=True):
+        for (name, argv, _, _), (proc, t), end in zip(items, started, ended, strict=True):
             seconds = round(end - t, 3)
             self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
                                                "seconds": seconds})
@@ -264,42 +264,29 @@ class Capture:
             results.append((proc.returncode, text))
         return results
 
-    def _wait(self, procs: list, names: list[str]) -> list[float]:
+    def _wait(self, children: list, names: list[str]) -> list[float]:
         """Wait for every command, ending the others once one has failed; returns when each was seen to end (the
         first failure is the one to name: the ranks ended because of it may exit nonzero too)."""
-        ended: list[float | None] = [None] * len(procs)
+        ended: list[float | None] = [None] * len(children)
         beat = time.monotonic()
         while True:
-            for i, p in enumerate(procs):
+            for i, p in enumerate(children):
                 if ended[i] is None and p.poll() is not None:
                     ended[i] = time.monotonic()
-            running = [p for p, e in zip(procs, ended, strict=True) if e is None]
+            running = [p for p, e in zip(children, ended, strict=True) if e is None]
             if not running:
                 return ended
-            if any(p.returncode not in (None, 0) for p in procs):
-                self._end(procs)
+            if any(p.returncode not in (None, 0) for p in children):
+                procs.end(children, own_session=len(children) > 1)
                 continue
             try:
-                running[0].wait(timeout=POLL_S if len(procs) > 1 else HEARTBEAT_S)
+                running[0].wait(timeout=POLL_S if len(children) > 1 else HEARTBEAT_S)
             except subprocess.TimeoutExpired:
-                if time.monotonic() - beat >= HEARTBEAT_S or len(procs) == 1:
+                if time.monotonic() - beat >= HEARTBEAT_S or len(children) == 1:
                     beat = time.monotonic()
-                    for p, name in zip(procs, names, strict=True):
+                    for p, name in zip(children, names, strict=True):
                         if p.poll() is None:
                             self.progress(f"{name}: still running")
-
-    @staticmethod
-    def _end(procs: list) -> None:
-        """End the still-running side-by-side commands, each with its process group (their own sessions)."""
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    if len(procs) > 1:
-                        os.killpg(p.pid, signal.SIGTERM)
-                    else:
-                        p.terminate()
-        for p in procs:
-            p.wait()
 
     def last_error(self, log: str) -> str:
         lines = [ln.strip() for ln in (self.run.path / f"{log}.stderr").read_text().splitlines() if ln.strip()]
@@ -496,7 +483,8 @@ def main(argv=None) -> int:
         return fail(PROG, str(e), e.code)
     for t in found.values():
         print(f"{PROG}: {t.name} {t.version} at {t.path} ({t.source})", file=sys.stderr)
-    return capture(args, argv, found, environ)
+    with procs.signals_raise():  # SIGTERM / SIGHUP end the capture as Ctrl-C does: children ended, run -failed
+        return capture(args, argv, found, environ)
 
 
 def capture(args, argv, found, environ) -> int:
@@ -523,9 +511,9 @@ def capture(args, argv, found, environ) -> int:
         final = run.fail(str(e))
         print(str(final))
         return fail(PROG, f"{e} [run kept as {final}]", e.code)
-    except KeyboardInterrupt:
-        final = run.fail("interrupted")
-        return fail(PROG, f"interrupted [run kept as {final}]", 130)  # the shell's code for SIGINT
+    except (KeyboardInterrupt, procs.Terminated) as e:  # Ctrl-C, or SIGTERM / SIGHUP (timeout, CI, Slurm)
+        final = run.fail(procs.describe(e))  # the children's trees are ended by now (Capture.steps)
+        return fail(PROG, f"{procs.describe(e)} [run kept as {final}]", procs.exit_code(e))
     except Exception as e:  # anything unforeseen still leaves a -failed run, never a half one
         final = run.fail(f"{type(e).__name__}: {e}")
         raise
