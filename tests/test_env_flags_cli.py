@@ -27,6 +27,7 @@ def entry_points(out: Path) -> dict[str, list[str]]:
                           "--workloads", "logp-native", "--output-dir", str(out)],
         "capture": [py, "-m", "pipelines.capture", "--workload", "logp-native", "--device", "cpu", "--batch-size", "2",
                     "--seq-len", "4", "--vocab-size", "64", "--repeat", "1", "--warmup", "0", "--output-dir", str(out)],
+        "capture -- CMD": [py, "-m", "pipelines.capture", "--output-dir", str(out), "--", py, "-c", "print(1)"],
         "grpo_single_gpu": [py, str(ROOT / "examples/grpo_single_gpu.py"), "--device", "cpu", "--steps", "1",
                             "--num-prompts", "1", "--samples-per-prompt", "2", "--prompt-len", "2",
                             "--completion-len", "2", "--vocab-size", "16", "--hidden-dim", "8"],
@@ -34,7 +35,7 @@ def entry_points(out: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("var, value, words", BAD, ids=[b[0] for b in BAD])
-@pytest.mark.parametrize("entry", ["profile suite", "capture", "grpo_single_gpu"])
+@pytest.mark.parametrize("entry", ["profile suite", "capture", "capture -- CMD", "grpo_single_gpu"])
 def test_bad_flag_value_is_exit_2_one_line_nothing_written(tmp_path, entry, var, value, words):
     out = tmp_path / "out"
     env = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
