@@ -264,39 +264,23 @@ def test_steps_window_never_reached(tmp_path, env):
 
 # ---- several processes: torchrun ---------------------------------------------------------------------------
 
-TORCHRUN_JOB = """
-import torch, torch.distributed as dist
-import rlkernel
-
-dist.init_process_group("gloo")
-x = torch.ones(4)
-for i in range(2):
-    with rlkernel.step(i):
-        with rlkernel.phase("rollout"):
-            x = x * 1.0
-        with rlkernel.phase("weight_sync"):
-            dist.all_reduce(x)
-print(f"rank {dist.get_rank()} done", flush=True)
-dist.destroy_process_group()
-"""
-
-
 def test_a_two_process_torchrun_is_one_export(tmp_path, env):
-    """nsys follows the launcher's children into one export (contract 10 splits it by process); here the phases
-    of both gloo ranks are in the one trace, each phase seen in 2 processes."""
+    """nsys follows the launcher's children into one export (contract 10 splits it by process): the phases of both
+    gloo ranks of tools/traces/phases_job.py (the torchrun fixture's program) are in the one trace, each phase seen
+    in 2 processes."""
     torchrun = pathlib.Path(sys.executable).with_name("torchrun")
     launcher = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
     env["GLOO_SOCKET_IFNAME"] = "lo"
     proc = capture(tmp_path, env, "--", *launcher, "--standalone", "--nproc-per-node", "2",
-                   str(program(tmp_path, TORCHRUN_JOB, "ddp_job.py")), timeout=600)
+                   str(ROOT / "tools/traces/phases_job.py"), "--steps", "2", timeout=600)
     assert proc.returncode == EXIT_OK, proc.stderr[-3000:]
-    assert "rank 0 done" in proc.stdout and "rank 1 done" in proc.stdout
+    assert "rank 0 of 2: 2 steps" in proc.stdout and "rank 1 of 2: 2 steps" in proc.stdout
     run = only_run(tmp_path)
     t = manifest(run)["target"]
-    assert t["phases"] == [{"name": "step", "instances": 4, "processes": 2},
-                           {"name": "rollout", "instances": 4, "processes": 2},
-                           {"name": "weight_sync", "instances": 4, "processes": 2}]
-    assert t["step_indices"] == [[0, 1]] and run.name.endswith(("Z-torchrun-ddp_job", "Z-torch.distributed.run"))
+    assert t["phases"] == [{"name": n, "instances": 4, "processes": 2} for n in (
+        "step", "rollout", "old_logprob", "reference_logprob", "loss", "policy_forward", "backward", "weight_sync",
+        "optimizer")]
+    assert t["step_indices"] == [[0, 1]] and run.name.endswith(("Z-torchrun-phases_job", "Z-torch.distributed.run"))
 
 
 # ---- arguments ----------------------------------------------------------------------------------------------
@@ -345,3 +329,13 @@ def test_run_names_for_commands(cmd, name):
 def test_help_names_the_command_form():
     proc = subprocess.run([sys.executable, "-m", "pipelines.capture", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0 and "-- CMD [ARGS...]" in proc.stdout and "--steps A:B" in proc.stdout
+
+
+@pytest.mark.smoke
+def test_scrub_argv_argument_by_argument():
+    from rlkernel.textsafe import scrub_argv
+
+    # issue 29 item 22's two leaks, for the command lines this manifest records: a path with a space, a glued value
+    assert scrub_argv(["/home/user name/venv/bin/python", "-o/home/u/out", "--out=/a/b/c", "train.py", "x=/etc/y z",
+                       "/", "--lr=1e-3", "-x"]) == ["<path>/python", "-o<path>/out", "--out=<path>/c", "train.py",
+                                                   "x=<path>/y z", "/", "--lr=1e-3", "-x"]
