@@ -1,10 +1,11 @@
 """What an ``rlkernel.phase`` range costs when no profiler is attached (contract 3: at most 2 us per range).
 
-Times, on the host clock, N entries of ``with rlkernel.phase(name):`` (one object reused, as a decorator or an
-integration holds it), N calls of a ``@rlkernel.phase``-decorated function, N ``phase(name)`` objects made and
-entered (a name made on the spot), and N ``rlkernel.step_begin``/``step_end`` pairs, each against the same loop
-with an empty body. Each figure is the median of ``--rounds`` rounds of ``--iters`` iterations. Torch-free, as
-the phases are. Under a profiler (nsys) the ranges are real pushes and pops and cost what NVTX costs.
+Times, on the host clock, N entries of ``with rlkernel.phase(name):`` (one object held, as a decorator or an
+integration holds it), N calls of a ``@rlkernel.phase``-decorated function, N ``with rlkernel.phase(name):``
+written in the loop (the object looked up by name each time), and N ``rlkernel.step_begin``/``step_end`` pairs,
+each against the same loop with an empty body. Each figure is the median of ``--rounds`` rounds of ``--iters``
+iterations. Torch-free, as the phases are. Under a profiler (nsys) the ranges are real pushes and pops and cost
+what NVTX costs.
 
     python benchmarks/bench_phase.py [--iters 200000] [--rounds 15]
 """
@@ -83,10 +84,10 @@ def main(argv=None) -> int:
 
     t = {name: _per_call_ns(fn, args.iters, args.rounds) for name, fn in (
         ("empty loop", empty), ("with phase (held)", with_held), ("plain call", calls_plain),
-        ("decorated call", calls_decorated), ("with phase(name) (new)", made_each_time), ("step_begin+end", steps))}
+        ("decorated call", calls_decorated), ("with phase(name) each time", made_each_time), ("step_begin+end", steps))}
     costs = {"with phase (held)": t["with phase (held)"] - t["empty loop"],
              "decorated call": t["decorated call"] - t["plain call"],
-             "with phase(name) (new)": t["with phase(name) (new)"] - t["empty loop"],
+             "with phase(name) each time": t["with phase(name) each time"] - t["empty loop"],
              "step_begin+end": t["step_begin+end"] - t["empty loop"]}
     print(f"command: {' '.join(sys.argv)}")
     print(f"python {sys.version.split()[0]}, profiler attached: {phases._enabled}, "

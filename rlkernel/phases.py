@@ -43,9 +43,9 @@ def _compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
-class phase:
-    """``with rlkernel.phase("rollout"): ...`` or ``@rlkernel.phase("loss")``: one range ``phase:<name>`` in domain
-    ``rlkernel`` around the block or each call. Reusable, and re-entrant (each entry pushes, each exit pops)."""
+class Phase:
+    """One phase's range (``rlkernel.phase(name)`` makes or reuses it): a context manager and a decorator. Stateless
+    beyond its name and event attributes, so one object serves every thread and every nested entry."""
 
     __slots__ = ("name", "_attrs")
 
@@ -84,6 +84,23 @@ class phase:
 
     def __repr__(self):
         return f"rlkernel.phase({self.name!r})"
+
+
+_phases: dict[str, Phase] = {}
+_CACHED = 4096  # names kept; past that (names made on the fly, e.g. with an index in them) each call makes one
+
+
+def phase(name: str) -> Phase:
+    """``with rlkernel.phase("rollout"): ...`` or ``@rlkernel.phase("loss")``: one range ``phase:<name>`` in domain
+    ``rlkernel`` around the block or each call. Reusable and re-entrant (each entry pushes, each exit pops); the
+    object of a name is made once (its name checked, its NVTX string registered) and reused, so a phase named in a
+    loop costs a dictionary lookup, not an object."""
+    p = _phases.get(name) if isinstance(name, str) else None
+    if p is None:
+        p = Phase(name)
+        if len(_phases) < _CACHED:
+            _phases[name] = p
+    return p
 
 
 # ---- steps ---------------------------------------------------------------------------------------------------

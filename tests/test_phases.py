@@ -87,6 +87,7 @@ def test_without_a_profiler_nothing_is_pushed_and_the_decorator_adds_nothing():
         return x + 1
 
     assert rlkernel.phase("loss")(f) is f  # no profiler can attach later: no wrapper, no cost
+    assert rlkernel.phase("loss") is rlkernel.phase("loss")  # made once per name
     with rlkernel.phase("rollout") as p:
         assert p.name == "rollout" and repr(p) == "rlkernel.phase('rollout')"
 
