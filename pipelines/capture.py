@@ -532,7 +532,11 @@ def finish(run: runs.RunDir, cap, args, ranks: bool = False) -> int:
     cap.progress(f"complete: {final}")
     print(str(final))
     if args.require_fused:
-        rc, msg = require_fused(final, run.manifest, ranks=ranks)
+        try:
+            rc, msg = require_fused(final, run.manifest, ranks=ranks)
+        except (KeyboardInterrupt, procs.Terminated) as e:  # the run is whole: only its verdict is missing
+            return fail(PROG, f"{procs.describe(e)} during --require-fused (the run is complete: {final})",
+                        procs.exit_code(e))
         if rc != EXIT_OK:
             return fail(PROG, f"{msg} (run kept at {final})", rc)
     return EXIT_OK

@@ -339,3 +339,20 @@ def test_scrub_argv_argument_by_argument():
     assert scrub_argv(["/home/user name/venv/bin/python", "-o/home/u/out", "--out=/a/b/c", "train.py", "x=/etc/y z",
                        "/", "--lr=1e-3", "-x"]) == ["<path>/python", "-o<path>/out", "--out=<path>/c", "train.py",
                                                    "x=<path>/y z", "/", "--lr=1e-3", "-x"]
+
+
+def test_a_signal_during_the_verdict_keeps_the_complete_run(tmp_path, env, monkeypatch, capsys):
+    from pipelines import analyze, capture
+
+    for k in ("PATH", "PYTHONPATH", "FAKE_NSYS_NVTX_LIB"):
+        monkeypatch.setenv(k, env[k])
+
+    def terminated(argv):
+        raise procs.Terminated(signal.SIGTERM)
+
+    monkeypatch.setattr(analyze, "verdict", terminated)
+    rc = capture.main(["--require-fused", "--output-dir", str(tmp_path / "runs"), "--", sys.executable, "-c", "pass"])
+    run = only_run(tmp_path)
+    assert rc == 143 and manifest(run)["status"] == "complete" and not run.name.endswith("-failed")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"pipelines.capture: terminated (SIGTERM) during --require-fused (the run is complete: {run})"
