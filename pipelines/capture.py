@@ -29,6 +29,7 @@ import sys
 import time
 
 from pipelines import capture_command, ncu_csv, procs, runs, tools
+from pipelines.manifest import allowed_env
 from rlkernel import textsafe
 from rlkernel.cli import (
     EXIT_BLOCKED,
@@ -552,7 +553,7 @@ def capture(args, argv, found, environ) -> int:
     except OSError as e:  # e.g. a folder without write permission
         return fail(PROG, f"--output-dir {args.output_dir}: {e.strerror or e}", EXIT_USAGE)
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
-    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=runs.allowed_env(environ),
+    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=allowed_env(environ),
                         tools={n: t.record() for n, t in found.items()},
                         workloads=[workloads.get(n).manifest_entry(shape, getattr(torch, args.dtype), args.warmup,
                                                                    args.repeat) for n in args.workload])
@@ -590,7 +591,7 @@ def main_command(argv: list[str], options: list[str], command: list[str]) -> int
     say_tools(found)
     environ = capture_command.command_environ(os.environ, window)
     run.manifest.update(command=textsafe.scrub_argv([sys.executable, "-m", PROG, *argv]),
-                        env=runs.allowed_env(environ), tools={n: t.record() for n, t in found.items()},
+                        env=allowed_env(environ), tools={n: t.record() for n, t in found.items()},
                         target={"argv": textsafe.scrub_argv(command), "name": name,
                                 "steps": list(window) if window else None, "exit_code": None, "signal": None,
                                 "phases": [], "step_indices": []})

@@ -3,7 +3,7 @@
 ``log p_i - log S`` (S = the kept mass) for a kept id, ``-inf`` for any other; T = 0 rows: 0 for the argmax, -inf
 otherwise; entropy of the filtered distribution. The backward holds the kept set fixed: the gradient of
 ``z_i / T - logsumexp`` over the kept set, 0 outside it, 0 for a whole row whose id is not kept (docs/contracts.md,
-section 1). The kept set comes from rlkernel.ops.filters_native, which the native sampler uses too.
+section 1). The kept set comes from rlkernel.ops.native.filters, which the native sampler uses too.
 """
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.filters_native import Filtered, row_sum
+from rlkernel.ops.native.filters import Filtered, row_sum
 from rlkernel.validate import RowSettings, row_faults
 
 
 def _entropy(q: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """The filtered law's entropy, summed in row_sum's fixed order (batch invariance), not softmax.entropy's."""
     return -row_sum(torch.where(q > 0, q * logq, torch.zeros_like(q)))
 
 
