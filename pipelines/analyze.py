@@ -253,19 +253,26 @@ def say(line: str, file=None) -> None:
     print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
-def main(argv=None) -> int:
+def verdict(argv) -> tuple[int, str]:
+    """The analyzer run as ``main`` runs it (reports written, the lines of its checks printed), returning its exit
+    code and, for a 2 or 3, the one-line reason instead of printing it ("" otherwise): what a caller that judges a
+    run (``pipelines.capture --require-fused``) reads, rather than scraping stderr."""
     try:
         args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
-        return run(args)
+        return run(args), ""
     except CliError as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return e.code
+        return e.code, str(e)
     except (trace_db.TraceError, UsageError) as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, str(e)
     except trace_db.ExtensionMissing as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return EXIT_BLOCKED
+        return EXIT_BLOCKED, str(e)
+
+
+def main(argv=None) -> int:
+    rc, why = verdict(argv)
+    if why:
+        say(f"{PROG}: {why}", sys.stderr)
+    return rc
 
 
 if __name__ == "__main__":
