@@ -31,7 +31,7 @@ CHECK = """
 <script>
 (() => {
   const out = {width: document.documentElement.clientWidth, height: document.documentElement.scrollHeight,
-               cells: 0, words: 0, broken: [], overflow: [], css: [], wide: []};
+               cells: 0, words: 0, closed_words: 0, broken: [], overflow: [], css: [], wide: []};
   const say = (el) => el.textContent.trim().replace(/\\s+/g, " ").slice(0, 80);
   function pass(when) {
     for (const cell of document.querySelectorAll("td, th")) {
@@ -43,12 +43,13 @@ CHECK = """
       if (cell.scrollWidth > cell.clientWidth + 1) out.overflow.push(`${when}: ${say(cell)}`);
       const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
       for (let node; (node = walk.nextNode());) {
+        if (!node.parentElement.checkVisibility()) continue;  // inside a closed <details>: laid out, not drawn
         for (const m of node.data.matchAll(/[A-Za-z0-9]+/g)) {
           const r = document.createRange();
           r.setStart(node, m.index);
           r.setEnd(node, m.index + m[0].length);
           const tops = new Set([...r.getClientRects()].filter(q => q.width > 0).map(q => Math.round(q.top)));
-          if (!tops.size) continue;  // not drawn (a closed <details>)
+          if (!tops.size) continue;
           out.words++;
           if (tops.size > 1) out.broken.push(`${when}: "${m[0]}" in ${say(cell)}`);
         }
@@ -59,6 +60,7 @@ CHECK = """
         out.wide.push(`${when}: ${say(box.closest("section").querySelector("h2"))} ${box.scrollWidth}px`);
   }
   pass("closed");
+  out.closed_words = out.words;
   document.querySelectorAll("details").forEach(d => { d.open = true; });
   pass("open");
   document.body.setAttribute("data-layout", JSON.stringify(out));
@@ -86,12 +88,14 @@ def layout(page, tmp_path) -> dict:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     found = re.search(r'data-layout="([^"]*)"', done.stdout)
     assert found, f"chromium wrote no result (exit {done.returncode}): {done.stderr[-800:]}"
-    return json.loads(html.unescape(found.group(1)))
+    return {**json.loads(html.unescape(found.group(1))), "details": "<details>" in page.read_text()}
 
 
 def assert_reads_well(found: dict) -> None:
     assert found["width"] == WIDTH, found["width"]  # laid out at the width asked for
-    assert found["cells"] > 20 and found["words"] > 100  # the check saw the tables
+    assert found["cells"] > 20 and found["closed_words"] > 100  # the check saw the tables
+    if found["details"]:  # the open pass saw the demangled names too
+        assert found["words"] > 2 * found["closed_words"], (found["words"], found["closed_words"])
     assert found["broken"] == [], f"words broken mid-way: {found['broken'][:5]}"
     assert found["css"] == [], found["css"][:5]
     assert found["overflow"] == [], f"cells whose content overflows them: {found['overflow'][:5]}"
@@ -105,6 +109,15 @@ def test_bundled_report_lays_out_at_1280_px(tmp_path):
     found = layout(out / "report.html", tmp_path)
     assert_reads_well(found)
     assert found["height"] < MAX_HEIGHT, found["height"]
+
+
+@pytest.mark.parametrize("case", ["zero_sync", "verdicts"])
+def test_fixture_reports_lay_out_at_1280_px(tmp_path, case):
+    """Committed H200 captures with cuBLAS and sampling kernels, whose demangled names are the longest."""
+    chromium()
+    out = tmp_path / case
+    assert analyze.main([str(DATA / case), "--out", str(out)]) == 0
+    assert_reads_well(layout(out / "report.html", tmp_path))
 
 
 def test_ranks_report_lays_out_at_1280_px(tmp_path):
