@@ -405,6 +405,7 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         if compare is not None else None,
         "compare_meta": compare_meta or {},
         "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
+        "share_ratio": timeline.SHARE_RATIO,
         "first_calls": table(getattr(result, "first_calls", None),
                              ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",
                               "steady_med_dur_ns", "steady_med_proj_ns", "steady_med_busy_ns"]),

@@ -13,6 +13,7 @@ import pandas as pd
 
 WIDTH, LABEL_W, ROW_H, GAP = 900, 210, 16, 4
 PLOT_X0, PLOT_W = LABEL_W + 10, WIDTH - LABEL_W - 20
+SHARE_RATIO = 25  # a workload's span under 1/25 of the longest on its scale gets a scale of its own
 CHAR_W = 6.0  # the width of one character of a range label (10 px system-ui, a little over), in viewBox units
 OP_CLASS = {"kernel": "tl-kernel", "memcpy": "tl-memcpy", "memset": "tl-memset", "sync": "tl-sync", "idle": "tl-idle",
             "range": "tl-range"}
@@ -25,23 +26,38 @@ def nice_step(scale: float, target: int = 5) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
+def shared_scales(spans: dict[str, int]) -> dict[str, int]:
+    """Each workload's time scale: one for all of them, unless a span is under 1/SHARE_RATIO of the longest one
+    on its scale (a 73 µs op beside a 68 ms training step would be a sliver): then the shorter ones share a scale
+    of their own, and so on down."""
+    scales, top = {}, None
+    for name, span in sorted(spans.items(), key=lambda kv: -kv[1]):
+        if top is None or top > SHARE_RATIO * span:
+            top = span
+        scales[name] = top
+    return scales
+
+
 def layouts(items: pd.DataFrame | None, fmt_ns) -> list[dict]:
     """Per workload: {name, span_ns, scale_ns, height, rows: [(y, label)], rects: [{x, y, w, h, cls, title}],
-    labels: [{x, y, text}], ticks: [{x, label}]}. Every workload on one time scale (the longest repetition's
-    span), so that their lengths compare; a range's name goes inside its box, else beside it where the row is
+    labels: [{x, y, text}], ticks: [{x, label}]}. The workloads on one time scale (the longest repetition's
+    span), so that their lengths compare, unless their spans differ by more than SHARE_RATIO (shared_scales);
+    a range's name goes inside its box, else beside it where the row is
     free, else (the domain dropped) in the shorter form, else only in its tooltip: never cut."""
     if items is None or items.empty:
         return []
     groups = list(items.groupby("workload", sort=True))
-    scale = max(max(int(df.end_ns.max()) - int(df.start_ns.min()), 1) for _, df in groups)
-    step = nice_step(scale)
-    ticks = [{"x": round(PLOT_X0 + PLOT_W * k * step / scale, 2), "label": fmt_ns(k * step)}
-             for k in range(int(scale // step) + 1)]
+    spans = {name: max(int(df.end_ns.max()) - int(df.start_ns.min()), 1) for name, df in groups}
+    scales = shared_scales(spans)
     out = []
     for name, df in groups:
         t0, t1 = int(df.start_ns.min()), int(df.end_ns.max())
+        scale = scales[name]
+        step = nice_step(scale)
+        ticks = [{"x": round(PLOT_X0 + PLOT_W * k * step / scale, 2), "label": fmt_ns(k * step)}
+                 for k in range(int(scale // step) + 1)]
 
-        def x(t, t0=t0):
+        def x(t, t0=t0, scale=scale):
             return PLOT_X0 + PLOT_W * (t - t0) / scale
 
         lanes = int(df.loc[df.kind == "range", "lane"].max()) + 1 if (df.kind == "range").any() else 0
