@@ -18,6 +18,10 @@ LOW_UTIL_PCT = 50.0  # a GPU utilisation below this gets its reason said beside 
 SHAPE_COLS = {"B": "batch_size", "S": "seq_len", "V": "vocab_size", "H": "hidden_size"}
 
 
+def _positive(v) -> bool:
+    return v is not None and bool(pd.notna(v)) and v > 0
+
+
 def _manifest_workloads(result) -> dict[str, dict]:
     m = result.source.manifest or {}
     return {w["name"]: w for w in m.get("workloads") or [] if isinstance(w, dict) and w.get("name")}
@@ -63,13 +67,14 @@ def workloads(result) -> tuple[pd.DataFrame | None, list[str], dict[str, dict]]:
         if spec and isinstance(spec.get("dtype"), str):
             d.at[i, "dtype"] = spec["dtype"]
         native = _counterpart(r["workload"], spec, specs, present)
-        ratio = busy[native] / r["mean_gpu_busy_ns"] if native and r["mean_gpu_busy_ns"] else None
+        mine = r["mean_gpu_busy_ns"] if _positive(r["mean_gpu_busy_ns"]) else None
+        ratio = float(busy[native]) / mine if native and mine and _positive(busy[native]) else None
         if ratio is not None:
-            d.at[i, "native_over_fused"] = round(float(ratio), 2)
+            d.at[i, "native_over_fused"] = round(ratio, 2)
         tokens = shape.get("batch_size", 0) * shape.get("seq_len", 0) if all(
             isinstance(shape.get(k), int) for k in ("batch_size", "seq_len")) else 0
-        if tokens and r["mean_gpu_busy_ns"]:
-            d.at[i, "tokens_per_s"] = tokens / (r["mean_gpu_busy_ns"] / 1e9)
+        if tokens and mine:
+            d.at[i, "tokens_per_s"] = tokens / (mine / 1e9)
         dims = "×".join(str(shape[k]) for k in ("batch_size", "seq_len", "vocab_size") if isinstance(shape.get(k), int))
         extras[r["range"]] = {"shape": " ".join(x for x in (dims, (spec or {}).get("dtype") or "") if x),
                               "ratio": ratio, "versus": native}
