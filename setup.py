@@ -1,8 +1,8 @@
 """Build of the optional CUDA extension rlkernel._C (metadata lives in pyproject.toml).
 
-`MAX_JOBS=2 python setup.py build_ext --inplace` builds it from csrc/ (every csrc/*.cu, the binding and the stream
-helper) for TORCH_CUDA_ARCH_LIST, or for the local GPU when that is unset. torch is imported only here, only to
-build: without torch, with a CPU-only torch, or without nvcc, `pip install -e .` still works and builds nothing
+`MAX_JOBS=2 python setup.py build_ext --inplace` builds it from csrc/ (every csrc/*.cu and csrc/*.cpp: the kernels,
+the op library and its op files, the Python module and the stream helper) for TORCH_CUDA_ARCH_LIST, or for the
+local GPU when that is unset. torch is imported only here, only to build: without torch, with a CPU-only torch, or without nvcc, `pip install -e .` still works and builds nothing
 (rlkernel then runs its native path and says why: "extension not built").
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _cuda_extension():
     archs = ",".join(_built_archs(arch_flags))
     rel = lambda p: os.path.relpath(p, ROOT)  # setuptools wants sources relative to setup.py
     sources = [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cu")))]
-    sources += [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))]  # bindings, ops, stream
+    sources += [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))]  # library, ops, module, stream
     ext = cpp_extension.CUDAExtension(
         name="rlkernel._C",
         sources=sources,

@@ -83,7 +83,7 @@ def _method(name, case):
                                             batch_invariant=bi, backend="fused")
         return run, nothing, 1, 8 * c.n, None
     if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc"):
-        from rlkernel.ops import linear_logp_fused
+        from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
         bi = name == "bi-fwdbwd"
         backend = "native" if name == "native-fwdbwd" else "fused"
@@ -166,7 +166,7 @@ def _list_kernels(case):
 
     c = case
     bias = (torch.randn(c.v, device="cuda") * 0.1).to(c.dtype).requires_grad_(True)
-    from rlkernel.ops import linear_logp_fused
+    from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
     for bi, b, epilogue in ((False, None, True), (True, None, True), (False, bias, True), (False, bias, False)):
         linear_logp_fused.BIAS_EPILOGUE = epilogue

@@ -132,25 +132,27 @@ def cpu_only(calls: int, runs: int) -> None:
 def breakdown(calls: int, runs: int) -> None:
     """Host us per call of each layer of a fused call on CUDA tensors (logp N=256 bf16, sample B=1 fp32)."""
     from rlkernel import errors
-    from rlkernel.ops import logp_fused, sampling_fused
+    from rlkernel.ops import rows as ops_rows
+    from rlkernel.ops.fused import logp as logp_fused
+    from rlkernel.ops.fused import sampling as sampling_fused
 
     x = (torch.randn(256, V, device="cuda") * 3).to(torch.bfloat16)
     ids = torch.randint(0, V, (256,), device="cuda")
     xs = torch.randn(1, V, device="cuda")
-    rows = logp_fused.as_rows(x)
+    rows = ops_rows.as_rows(x)
     steps = {
         "check_logp_args": lambda: validate.check_logp_args(x, ids, 1.0, -100),
         "check_sample_args": lambda: validate.check_sample_args(xs, 1.0, 50, 0.9, None),
         "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
         "errors.begin": lambda: errors.begin("logp.forward", x.device, x.shape[:-1], V),
         "errors.after_call": lambda: errors.after_call(x.device, False),
-        "as_rows": lambda: logp_fused.as_rows(x),
+        "as_rows": lambda: ops_rows.as_rows(x),
         "torch.ops.rlkernel.logp_forward": lambda: torch.ops.rlkernel.logp_forward(rows, ids, 1.0, -100, False),
         "rlkernel._C.logp_forward_eager": lambda: logp_fused._EAGER(rows, ids, 1.0, -100, False, 0, 0, 1),
         "torch.ops.rlkernel.sample": lambda: torch.ops.rlkernel.sample(xs, 1.0, 50, 0.9, None),
         "rlkernel._C.sample_eager": lambda: sampling_fused._SAMPLE_EAGER(
             xs, 1.0, 50, 0.9, None, 0, 0, 0.0, None, None, None, None, False, 0, None, 0, None),
-        "eager_entry_ok": lambda: logp_fused.eager_entry_ok(rows, ids),
+        "eager_entry_ok": lambda: ops_rows.eager_entry_ok(rows, ids),
         "torch.empty_like (one small launch-free op)": lambda: torch.empty_like(ids),
         "ids.add_(0) (one kernel launch)": lambda: ids.add_(0),
         "logp_fused (no checks, no dispatch)": lambda: logp_fused.logp_fused(

@@ -30,7 +30,7 @@ os.environ["RLKERNEL_VALIDATE"] = "0"  # before rlkernel reads it
 
 import rlkernel  # noqa: E402
 from rlkernel.cli import CliError, OneLineParser
-from rlkernel.ops.sampling_native import sample_native  # noqa: E402
+from rlkernel.ops.native.sampling import sample_native  # noqa: E402
 
 L2_BYTES = 60 * 2**20  # H200: 60 MB of L2 (torch.cuda.get_device_properties reports it too)
 

@@ -2,7 +2,7 @@
 // CUDA (setup.py); the CI compile gate skips it where the installed torch wheel lacks these headers.
 #include <c10/cuda/CUDAStream.h>
 
-#include "rlkernel/logp_api.h"
+#include "rlkernel/common_api.h"
 
 namespace rlkernel {
 

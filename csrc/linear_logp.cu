@@ -1,6 +1,6 @@
 // Launchers of the fused LM-head log-prob kernels (csrc/include/rlkernel/linear_logp_kernels.cuh). No torch include
 // (the CI compile gate builds this with nvcc alone). No NVTX range here: the op's range (op.linear_logp.forward /
-// .backward) is opened by rlkernel/ops/linear_logp_fused.py around the GEMMs and these launches together.
+// .backward) is opened by rlkernel/ops/fused/linear_logp.py around the GEMMs and these launches together.
 #include <cuda_runtime.h>
 
 #include "rlkernel/launch.cuh"

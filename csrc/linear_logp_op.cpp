@@ -1,6 +1,6 @@
 // Registration of the fused LM-head log-prob ops (rlkernel.linear_logp): schemas, thin tensor checks, calls into
 // csrc/linear_logp.cu. torch/library.h-level headers only (the CI compile gate builds this with the CPU wheel).
-// The GEMMs, the workspace and autograd live in Python (rlkernel/ops/linear_logp_fused.py); these ops launch only
+// The GEMMs, the workspace and autograd live in Python (rlkernel/ops/fused/linear_logp.py); these ops launch only
 // rlkernel_* kernels and never allocate.
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "rlkernel/linear_logp_api.h"
-#include "rlkernel/torch_elem_type.h"
+#include "torch_elem_type.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 
 #include <mutex>
 
-#include "rlkernel/sampling_api.cuh"
+#include "rlkernel/sampling_api.h"
 #include "rlkernel/sampling_kernels.cuh"
 #include "rlkernel/sampling_processed.cuh"
 

@@ -1,7 +1,7 @@
 // The registered op rlkernel::sample (schema, thin tensor checks, the call into csrc/sampling.cu) and its
 // randomness: the Philox state of a CUDA generator for one call, advanced as torch's own random kernels advance
 // it (philox_cuda_state), so seeded calls reproduce and CUDA-graph replays draw afresh. The fake kernel and
-// input validation live in Python (rlkernel/ops/sampling_fused.py, rlkernel/validate.py).
+// input validation live in Python (rlkernel/ops/fused/sampling.py, rlkernel/validate.py).
 // Headers: CUDAGeneratorImpl.h also ships with the CPU wheel, so this file compiles there too (no link).
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -13,10 +13,10 @@
 #include <optional>
 #include <tuple>
 
-#include "rlkernel/logp_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
-#include "rlkernel/sampling_api.cuh"
-#include "rlkernel/torch_elem_type.h"
-#include "rlkernel/torch_ops.h"
+#include "rlkernel/common_api.h"  // current_cuda_stream (csrc/cuda_stream.cpp)
+#include "rlkernel/sampling_api.h"
+#include "torch_elem_type.h"
+#include "torch_ops.h"
 
 namespace {
 

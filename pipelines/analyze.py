@@ -7,27 +7,21 @@ kernels ran. See docs/trace-schema.md for the export tables read, and queries/ f
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
 import sys
+import time
 
-import duckdb
 import pandas as pd
 
-from pipelines import analysis, compare, report, trace_db
+from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
+from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
 PROG = "pipelines.analyze"
-EXAMPLE_DIR = pathlib.Path(__file__).resolve().parent / "example"
-
-
-class UsageError(Exception):
-    pass
-
 
 # --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
 # parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
@@ -92,170 +86,18 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status(run: pathlib.Path) -> str | None:
-    try:
-        data = json.loads((run / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("status") if isinstance(data, dict) else None
-
-
-def newest_run(root: pathlib.Path) -> pathlib.Path | None:
-    """The newest complete run directory: its manifest says ``status: complete`` and it holds a trace (names
-    start with a UTC timestamp, so they sort by time; a failed run, ``-failed`` or ``-failed.2``, never counts)."""
-    if not root.is_dir():
-        return None
-    runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and
-            (d / "trace.sqlite").is_file() and _status(d) == "complete"]
-    return max(runs, key=lambda d: d.name, default=None)
-
-
-def read_json(path: pathlib.Path, what: str):
-    try:
-        return json.loads(path.read_text())
-    # JSONDecodeError and UnicodeDecodeError are ValueErrors; nesting deeper than the parser's stack
-    # (`[` x 200000) is a RecursionError
-    except (OSError, ValueError, RecursionError) as e:
-        why = str(e).splitlines()[0][:160] if not isinstance(e, RecursionError) else "nested too deeply"
-        raise trace_db.TraceError(f"{path}: not a readable JSON {what} ({why})") from None
-
-
-_INT_MAX = 2 ** 63 - 1  # the bytes/flops columns are BIGINT
-_KIND_NAMES = {str: "a string", list: "a list", dict: "an object"}
-
-
-def manifest_problem(data) -> str | None:
-    """What makes ``data`` not a run manifest the analyzer can read (docs/contracts.md, section 6), or None.
-
-    Only the fields the analyzer reads are checked, and only their shape: every later ``.get`` and ``int`` on
-    a manifest can then trust it."""
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not an object"
-    if data.get("schema", 1) != 1:
-        return f"schema {data.get('schema')!r}, this analyzer reads schema 1"
-    if not isinstance(data.get("workloads", []), list):
-        return "workloads is not a list"
-    for i, w in enumerate(data.get("workloads", [])):
-        if not isinstance(w, dict):
-            return f"workloads[{i}] is not an object"
-        if not isinstance(w.get("name"), str) or not w["name"]:
-            return f"workloads[{i}] has no name"
-        for key in ("fused_ops", "fused_patterns"):
-            v = w.get(key, [])
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                return f"workloads[{i}].{key} is not a list of strings"
-        if not isinstance(w.get("path", ""), str):
-            return f"workloads[{i}].path is not a string"
-        for key in ("bytes", "flops"):
-            v = w.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _INT_MAX):
-                return f"workloads[{i}].{key} is {v!r}, not a non-negative integer"
-    if not isinstance(data.get("dispatch", []), list):
-        return "dispatch is not a list"
-    for i, r in enumerate(data.get("dispatch", [])):
-        if not isinstance(r, dict) or not isinstance(r.get("op"), str) or not isinstance(r.get("status"), str):
-            return f"dispatch[{i}] is not a record with op and status strings"
-    for key, kind in (("status", str), ("created_at", str), ("command", list), ("node", dict), ("tools", dict),
-                      ("env", dict)):
-        if data.get(key) is not None and not isinstance(data[key], kind):
-            return f"{key} is not {_KIND_NAMES[kind]}"
-    devices = (data.get("node") or {}).get("devices") or []
-    if not isinstance(devices, list) or not all(
-            isinstance(d, dict) and isinstance(d.get("index", -1), int) for d in devices):
-        return "node.devices is not a list of records with an integer index"
-    ext = (data.get("node") or {}).get("extension")
-    if ext is not None and not (isinstance(ext, dict) and isinstance(ext.get("archs") or [], list)
-                                and all(isinstance(a, str) for a in ext.get("archs") or [])):
-        return "node.extension is not a record with a list of arch strings"
-    return None
-
-
-def read_manifest(path: pathlib.Path) -> dict:
-    """The run's manifest, its shape checked once here; a TraceError naming the file otherwise."""
-    data = read_json(path, "manifest")
-    problem = manifest_problem(data)
-    if problem:
-        raise trace_db.TraceError(f"{path}: not a run manifest ({problem})")
-    return data
-
-
-def read_provenance(path: pathlib.Path) -> dict:
-    data = read_json(path, "provenance record")
-    if not isinstance(data, dict):
-        raise trace_db.TraceError(f"{path}: not a provenance record (a JSON {type(data).__name__}, not an object)")
-    return data
-
-
-def resolve(inp: pathlib.Path) -> analysis.Source:
-    """An INPUT -> what to analyze. Raises TraceError naming the file and the problem."""
-    try:
-        return _resolve(inp)
-    except OSError as e:  # a name longer than the file system takes (ENAMETOOLONG), a directory we cannot search
-        raise trace_db.TraceError(f"{inp}: cannot read it ({e.strerror or e})") from None
-
-
-def _resolve(inp: pathlib.Path) -> analysis.Source:
-    if inp.is_dir():
-        trace = inp / "trace.sqlite"
-        manifest = read_manifest(inp / "manifest.json") if (inp / "manifest.json").is_file() else None
-        if not trace.is_file():
-            why = f" (the capture failed: {manifest.get('error')})" if manifest and manifest.get("status") == "failed" \
-                else ""
-            raise trace_db.TraceError(f"{inp}: run directory without a trace (no trace.sqlite){why}")
-        prov = None
-        if (inp / "recorded.json").is_file():
-            prov = read_provenance(inp / "recorded.json")
-        ncu = inp / "ncu.csv"
-        return analysis.Source(trace, inp, manifest, ncu if ncu.is_file() else None, prov)
-    if inp.suffix == ".nsys-rep":
-        raise trace_db.TraceError(f"{inp}: an nsys report, not its SQLite export; run "
-                                  f"`nsys export --type sqlite --output {inp.with_suffix('.sqlite')} {inp}`")
-    if not inp.exists():
-        raise trace_db.TraceError(f"{inp}: no such file or directory")
-    return analysis.Source(inp)
-
-
-def default_input() -> pathlib.Path:
-    run = newest_run(pathlib.Path("runs"))
-    if run is not None:
-        return run
-    if (EXAMPLE_DIR / "trace.sqlite").is_file():
-        return EXAMPLE_DIR
-    raise UsageError("no INPUT given, no run under ./runs and no bundled example in this install; "
-                     "pass a run directory or a .sqlite nsys export")
-
-
-def out_dir_for(src: analysis.Source, out: pathlib.Path | None, several: bool) -> pathlib.Path:
-    stem = src.run_dir.name if src.run_dir else src.trace.stem
-    if out is not None:
-        return out / stem if several else out
-    if src.run_dir is not None and src.run_dir.resolve() != EXAMPLE_DIR.resolve():
-        return src.run_dir / "report"
-    return pathlib.Path("reports") / ("example" if src.run_dir == EXAMPLE_DIR else stem)
-
-
-# What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
-# extremes: a subtraction, a negation or a sum overflows): bad input, one line naming the file.
-NUMERIC_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException)
-
-
-def _out_of_range(path: pathlib.Path, e: Exception) -> trace_db.TraceError:
-    return trace_db.TraceError(f"{path}: values out of range for 64-bit arithmetic, not a trace nsys writes "
-                               f"({trace_db.first_line(e)})")
-
-
 def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
     try:
         return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(src.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(src.trace, e) from None
 
 
 def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float) -> pd.DataFrame:
     try:
         return compare.frame(cur, base, threshold)
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(base.source.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(base.source.trace, e) from None
 
 
 def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],
@@ -279,8 +121,8 @@ def check_outputs(outs: list[pathlib.Path]) -> None:
                              "give them different names or run them one at a time")
         seen[key] = 1
         try:
-            report.check_target(out)
-        except report.OutputError as e:
+            outdir.check_target(out)
+        except outdir.OutputError as e:
             raise UsageError(str(e)) from None
 
 
@@ -296,23 +138,24 @@ def comparison_meta(res: analysis.Result, inp: pathlib.Path, base: analysis.Resu
             "gate": "median GPU busy time per repetition of each fused workload, and its fused verdict"}
 
 
-def check_ranges(names: list[str], results: list[analysis.Result]) -> None:
+def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
     """Every --range NAME matches a range of some input (`domain:name`, `:name`, or the bare message, as
-    analysis.workload_specs matches them); else a usage error naming the closest range names."""
+    analysis.workload_specs matches them); else a usage error naming the closest range names. ``range_tables``:
+    each input's range_summary (--ranks: one, the union of the ranks')."""
     import difflib
 
-    ranges = sorted({r for res in results for r in res.tables["range_summary"]["range"]})
+    several = len(range_tables) > 1
+    ranges = sorted({r for table in range_tables for r in table["range"]})
     for name in names:
         if any(r == name or r.endswith(":" + name) for r in ranges):
             continue
         if not ranges:
-            raise UsageError(f"--range {name}: the input{'s have' if len(results) > 1 else ' has'} no NVTX ranges")
+            raise UsageError(f"--range {name}: the input{'s have' if several else ' has'} no NVTX ranges")
         messages = sorted({r.split(":", 1)[1] for r in ranges} | set(ranges))
         close = difflib.get_close_matches(name, messages, n=3, cutoff=0.5)
         hint = f"closest: {', '.join(close)}" if close else \
             f"its ranges include {', '.join(ranges[:3])}{', ...' if len(ranges) > 3 else ''}"
-        raise UsageError(f"--range {name}: no such range in {'any input' if len(results) > 1 else 'the input'}; "
-                         f"{hint}")
+        raise UsageError(f"--range {name}: no such range in {'any input' if several else 'the input'}; {hint}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -320,28 +163,28 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
-    inputs = [pathlib.Path(i) for i in args.inputs] or [default_input()]
-    sources = [resolve(i) for i in inputs]
-    base_src = resolve(args.compare) if args.compare is not None else None
-    outs = [out_dir_for(s, args.out, len(sources) > 1) for s in sources]
+    paths = [pathlib.Path(i) for i in args.inputs] or [inputs.default_input()]
+    sources = [inputs.resolve(i) for i in paths]
+    base_src = inputs.resolve(args.compare) if args.compare is not None else None
+    outs = [inputs.out_dir_for(s, args.out, len(sources) > 1) for s in sources]
     check_outputs(outs)
     # Analyze everything (baseline included) before writing anything: bad input leaves no half report.
     results = [analyze_source(s, args) for s in sources]
-    check_ranges(args.ranges, results)
+    check_ranges(args.ranges, [res.tables["range_summary"] for res in results])
     base = analyze_source(base_src, args) if base_src is not None else None
     metas = [None] * len(results)
     if base is not None:
-        metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, inputs, strict=True)]
+        metas = [comparison_meta(res, inp, base, args) for res, inp in zip(results, paths, strict=True)]
     compares = [compare_frames(res, base, args.threshold) if base is not None else None for res in results]
     rc = EXIT_OK
     for res, out, cmp, meta in zip(results, outs, compares, metas, strict=True):
         fails = analysis.failures(res) if args.require_fused else []
         syncs = analysis.sync_failures(res) if args.require_no_sync else []
         try:
-            written = report.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
+            written = outdir.replace_dir(out, outputs(res, cmp, fails + [f"host sync: {f}" for f in syncs], meta),
                                          on_wait=lambda out=out: say(
                                              f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
-        except report.OutputError as e:
+        except outdir.OutputError as e:
             raise UsageError(str(e)) from None
         say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
         for r in res.workloads.itertuples(index=False):
@@ -364,9 +207,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_ranks(args: argparse.Namespace) -> int:
-    """--ranks DIR (pipelines.cross_rank): the ranks mapped over a pool or a Dask cluster, one cross-rank report."""
-    from pipelines import cross_rank, ranks
-
+    """--ranks DIR: discover the ranks, map them (a local process pool or a Dask cluster: pipelines.ranks),
+    reduce them (pipelines.cross_rank), write one report folder."""
     if args.ranks is None:
         raise UsageError("--executor and --jobs go with --ranks DIR")
     if args.inputs or args.compare is not None:
@@ -374,11 +216,36 @@ def run_ranks(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     try:
-        return cross_rank.run(args)
+        specs = ranks.discover(args.ranks)
+        name = pathlib.Path(args.ranks).resolve().name
+        title = f"{name}: {len(specs)} ranks"
+        out = args.out if args.out is not None else cross_rank.default_out(name)
+        check_outputs([out])
+        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
+        t0 = time.perf_counter()
+        partials = ranks.run_jobs(jobs, args.executor, args.jobs)
     except ranks.RanksError as e:
         raise UsageError(str(e)) from None
     except ranks.ExecutorUnavailable as e:
         raise trace_db.ExtensionMissing(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
+    red = cross_rank.reduce(partials)
+    check_ranges(args.ranges, [red.tables["range_summary"]])
+    fails = cross_rank.failures(red) if args.require_fused else []
+    try:
+        written = outdir.replace_dir(out, cross_rank.outputs(red, title, fails), on_wait=lambda: say(
+            f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
+    except outdir.OutputError as e:
+        raise UsageError(str(e)) from None
+    analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
+    say(f"{PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
+    for line in cross_rank.headline(cross_rank.summary(red.cross)):
+        say(line)
+    if cross_rank.no_comm_kernels(red.cross):
+        say("  note: " + cross_rank.COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)))
+    for f in fails:
+        say(f"{PROG}: not fused: {f}", sys.stderr)
+    return EXIT_CHECK_FAILED if fails else EXIT_OK
 
 
 def say(line: str, file=None) -> None:

@@ -27,6 +27,7 @@ import sys
 import time
 
 from pipelines import ncu_csv, runs, tools
+from pipelines.manifest import allowed_env
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
@@ -507,7 +508,7 @@ def capture(args, argv, found, environ) -> int:
     except OSError as e:  # e.g. a folder without write permission
         return fail(PROG, f"--output-dir {args.output_dir}: {e.strerror or e}", EXIT_USAGE)
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
-    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=runs.allowed_env(environ),
+    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=allowed_env(environ),
                         tools={n: t.record() for n, t in found.items()},
                         workloads=[workloads.get(n).manifest_entry(shape, getattr(torch, args.dtype), args.warmup,
                                                                    args.repeat) for n in args.workload])

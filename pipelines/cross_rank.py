@@ -8,10 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import pathlib
-import sys
 import tempfile
-import time
-import types
 
 import duckdb
 import pandas as pd
@@ -189,36 +186,3 @@ def outputs(red: Reduced, title: str, fails: list[str]) -> dict[str, bytes]:
     files["cross_rank.csv"] = report.csv_bytes(red.cross, COLUMNS)
     files["report.html"] = render_html(red, title, fails)
     return files
-
-
-def run(args) -> int:
-    """analyze --ranks DIR: discover, map (local pool or Dask), reduce, write one report folder."""
-    from pipelines import analyze
-    from rlkernel.cli import EXIT_CHECK_FAILED, EXIT_OK
-
-    specs = ranks.discover(args.ranks, analyze.resolve)
-    name = pathlib.Path(args.ranks).resolve().name
-    title = f"{name}: {len(specs)} ranks"
-    out = args.out if args.out is not None else default_out(name)
-    analyze.check_outputs([out])
-    jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
-    t0 = time.perf_counter()
-    partials = ranks.run_jobs(jobs, args.executor, args.jobs)
-    analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
-    red = reduce(partials)
-    analyze.check_ranges(args.ranges, [types.SimpleNamespace(tables={"range_summary": red.tables["range_summary"]})])
-    fails = failures(red) if args.require_fused else []
-    try:
-        written = report.replace_dir(out, outputs(red, title, fails), on_wait=lambda: analyze.say(
-            f"{analyze.PROG}: waiting for another run writing beside {out}", sys.stderr))
-    except report.OutputError as e:
-        raise analyze.UsageError(str(e)) from None
-    analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
-    analyze.say(f"{analyze.PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
-    for line in headline(summary(red.cross)):
-        analyze.say(line)
-    if no_comm_kernels(red.cross):
-        analyze.say("  note: " + COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)))
-    for f in fails:
-        analyze.say(f"{analyze.PROG}: not fused: {f}", sys.stderr)
-    return EXIT_CHECK_FAILED if fails else EXIT_OK

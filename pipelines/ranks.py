@@ -19,7 +19,8 @@ import tempfile
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, sql, trace_db
+from pipelines import analysis, inputs, sql, trace_db
+from pipelines.manifest import read_manifest  # the one manifest reader (its shape checks)
 
 WHOLE_TRACE = "(whole trace)"
 COMM_PATTERNS = ("nccl*",)
@@ -109,10 +110,10 @@ def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
     return sorted((int(d), int(proc)) for d, proc in rows)
 
 
-def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
+def discover(path: pathlib.Path) -> list[RankSpec]:
     """The ranks of ``path``: a folder of per-rank exports or run directories (one rank each), or one export
-    (a file, a run directory, or a folder holding one) split by process. ``resolve`` turns an entry into an
-    analysis.Source (pipelines.analyze.resolve: the run directory's manifest and provenance come along)."""
+    (a file, a run directory, or a folder holding one) split by process. Each entry becomes an analysis.Source
+    as a single INPUT does (inputs.resolve: the run directory's manifest and provenance come along)."""
     # absolute: a Dask worker reads the exports from another working directory
     path = pathlib.Path(os.path.abspath(path))
     if not path.exists():
@@ -125,10 +126,8 @@ def discover(path: pathlib.Path, resolve) -> list[RankSpec]:
         shared = path / "manifest.json" if (path / "manifest.json").is_file() else None
     if not entries:
         raise RanksError(f"{path}: no exports in it (*.sqlite files or run directories holding trace.sqlite)")
-    sources = [resolve(e) for e in entries]
+    sources = [inputs.resolve(e) for e in entries]
     if shared is not None:
-        from pipelines.analyze import read_manifest  # the one manifest reader (its shape checks)
-
         manifest = read_manifest(shared)
         sources = [s if s.manifest else dataclasses.replace(s, manifest=manifest) for s in sources]
     if len(entries) == 1:
@@ -166,8 +165,6 @@ def _copy_parquet(con, df: pd.DataFrame, rank: int, path: pathlib.Path) -> None:
 def analyze_rank(job: RankJob) -> RankPartial:
     """One rank -> its tables as Parquet bytes. Runs in a pool process or on a Dask worker: everything it needs
     is in ``job`` (picklable), and it reads the export from the path there."""
-    from pipelines.analyze import NUMERIC_ERRORS, _out_of_range
-
     spec = job.spec
     con = trace_db.connect(threads=job.threads)
     prepare = keep_process(spec.proc) if spec.proc is not None else None
@@ -178,8 +175,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
         # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file
         con.execute("CREATE OR REPLACE TEMP TABLE rank_partial AS " + sql.text("cross_rank_partial"),
                     {"comm_patterns": list(job.comm_patterns)})
-    except NUMERIC_ERRORS as e:
-        raise _out_of_range(spec.source.trace, e) from None
+    except trace_db.NUMERIC_ERRORS as e:
+        raise trace_db.out_of_range(spec.source.trace, e) from None
     start = con.execute("SELECT min(utcEpochNs) FROM src_TARGET_INFO_SESSION_START_TIME").fetchone()[0]
     frames = dict(res.tables, workloads=res.workloads)
     out: dict[str, bytes] = {}

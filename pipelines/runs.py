@@ -1,4 +1,5 @@
-"""The run directory of ``pipelines.capture`` (docs/contracts.md, section 6).
+"""The run directory of ``pipelines.capture`` (docs/contracts.md, section 6; the manifest's keys and its reader
+are pipelines.manifest).
 
 A run is built under a hidden temporary name in the output folder (same filesystem, so the final rename is
 atomic) and renamed only when complete; a failed run is renamed ``<name>-failed`` with its error in the
@@ -11,20 +12,7 @@ import json
 import os
 import pathlib
 
-SCHEMA = 1
-MANIFEST_KEYS = ("schema", "created_at", "status", "error", "command", "workloads", "node", "tools", "steps",
-                 "dispatch", "env")
-# The traced process's environment may hold secrets (tokens, keys): only these reach the manifest (and the report,
-# which filters by the same list). By name, never by prefix: RLKERNEL_API_TOKEN is a user's variable, not ours.
-# A new variable the project reads is added here and in docs/contracts.md section 6.
-ENV_ALLOWED = frozenset({
-    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TORCH_CUDA_ARCH_LIST", "CUDA_LAUNCH_BLOCKING",
-    "RLKERNEL_VALIDATE", "RLKERNEL_REQUIRE_FUSED", "RLKERNEL_REQUIRE_NVCC", "RLKERNEL_ANALYZE_MEMORY",
-})
-
-
-def allowed_env(environ) -> dict:
-    return {k: v for k, v in sorted(environ.items()) if k in ENV_ALLOWED}
+from pipelines.manifest import MANIFEST_KEYS, SCHEMA
 
 
 def utc_now() -> datetime.datetime:

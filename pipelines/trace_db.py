@@ -191,6 +191,16 @@ def first_line(e: Exception) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
+# What DuckDB raises when a trace's numbers do not fit the analysis' 64-bit arithmetic (timestamps at the int64
+# extremes: a subtraction, a negation or a sum overflows): bad input, one line naming the file.
+NUMERIC_ERRORS = (duckdb.OutOfRangeException, duckdb.ConversionException)
+
+
+def out_of_range(path: pathlib.Path, e: Exception) -> TraceError:
+    """The TraceError for one of NUMERIC_ERRORS raised while analysing ``path``."""
+    return TraceError(f"{path}: values out of range for 64-bit arithmetic, not a trace nsys writes ({first_line(e)})")
+
+
 def open_trace(path: pathlib.Path, con: duckdb.DuckDBPyConnection | None = None) -> Trace:
     path = pathlib.Path(path)
     check_sqlite_file(path)

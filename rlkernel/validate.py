@@ -53,6 +53,14 @@ def no_distribution_error(row: int, note: str = "") -> ValueError:
     return ValueError(f"sample: row {row} has no finite probabilities (all -inf or NaN logits){note}")
 
 
+def _check_ids_dtype(token_ids: torch.Tensor) -> None:
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
+        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if token_ids.dtype == torch.uint64:  # the ops read ids as int64: 2^64 - 1 would become id -1 (an ignore_index)
+        raise TypeError("token_ids must be an integer tensor that int64 holds, got torch.uint64 (an id >= 2^63 "
+                        "would wrap to a negative one): convert to int64")
+
+
 def check_logits(logits) -> None:
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
@@ -125,6 +133,8 @@ def _row_tensor(name: str, value: torch.Tensor, logits: torch.Tensor, dtype: tor
         raise TypeError(f"{name} must be a real tensor, got {value.dtype}")
     if dtype == torch.int64 and value.is_floating_point():
         raise TypeError(f"{name} must be an integer tensor, got {value.dtype}")
+    if name == "top_k" and value.dtype == torch.uint64:  # 2^64 - 1 would become -1 (a seed keeps its 64 bits)
+        raise TypeError("top_k must be an integer tensor that int64 holds, got torch.uint64: convert to int64")
     if value.device != logits.device:
         raise ValueError(f"{name} on {value.device} but logits on {logits.device}: must be on one device")
     if value.dim() != 0 and value.shape != lead:
@@ -163,22 +173,36 @@ def row_faults(settings: RowSettings) -> tuple[torch.Tensor, torch.Tensor] | Non
     return bad, code.to(torch.int64)
 
 
-def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor) -> None:
-    """CPU tensors: values are checked at once (no sync to fear), naming the first bad row's argument."""
+def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor, given: tuple) -> None:
+    """CPU tensors: values are checked at once (no sync to fear), naming the first bad row's argument and its value
+    as given (``given``: the four settings as the caller passed them, before any rounding to float32)."""
     if logits.device.type != "cpu" or torch.compiler.is_compiling() or not settings.per_row():
         return
     faults = row_faults(settings)
     if faults is not None and bool(faults[0].any()):
         row = int(faults[0].nonzero()[0])
-        name = ARGUMENTS[int(faults[1][row])]
-        raise bad_arg_error(op, name, row, getattr(settings, name)[row].item())
+        code = int(faults[1][row])
+        value = given[code]
+        value = value.expand(logits.shape[:-1]).reshape(-1) if value.dim() == 0 else value.reshape(-1)
+        raise bad_arg_error(op, ARGUMENTS[code], row, value[row].item())
+
+
+def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A temperature tensor as float32 [N]: a float64 value > 0 that rounds to 0 in float32 becomes NaN (out of range,
+    so refused: on CPU at once, on CUDA through the device error record) instead of a silent T = 0 (greedy) row.
+    Every other dtype's positive values stay positive in float32."""
+    t = _row_tensor("temperature", value, logits, torch.float32)
+    if value.dtype == torch.float64:
+        wide = _row_tensor("temperature", value, logits, torch.float64)
+        t = torch.where((wide > 0) & (t == 0), torch.full_like(t, math.nan), t)
+    return t
 
 
 def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
     """Each setting checked (numbers at once: ValueError/TypeError naming it) and normalised (see RowSettings)."""
     vocab = logits.shape[-1]
     if isinstance(temperature, torch.Tensor):
-        temperature = _row_tensor("temperature", temperature, logits, torch.float32)
+        temperature = _temperature_rows(temperature, logits)
     else:
         temperature = check_temperature(temperature, allow_zero=True)
     if type(top_k) is int and top_k >= 0:  # the common case first: the ABC checks below cost a loop's microseconds
@@ -211,8 +235,7 @@ def check_logp_args(logits, token_ids, temperature, ignore_index, top_k=0, top_p
     check_logits(logits)
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a torch.Tensor, got {type(token_ids).__name__}")
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
-        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    _check_ids_dtype(token_ids)
     if token_ids.shape != logits.shape[:-1]:
         raise ValueError(
             f"token_ids shape {tuple(token_ids.shape)} must equal logits.shape[:-1] {tuple(logits.shape[:-1])}"
@@ -225,7 +248,7 @@ def check_logp_args(logits, token_ids, temperature, ignore_index, top_k=0, top_p
     # A CPU check costs no sync: raise before any work, as the contract says. Not while torch.compile traces: a
     # compiled graph cannot raise on values (the bad rows are NaN).
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
-        _raise_cpu_faults("logp.forward", settings, logits)
+        _raise_cpu_faults("logp.forward", settings, logits, (temperature, top_k, top_p, min_p))
         ids = token_ids.reshape(-1).long()
         bad = (ids != ignore_index) & ((ids < 0) | (ids >= logits.shape[-1]))
         if bool(bad.any()):
@@ -259,6 +282,9 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
                          f"{hidden.shape[-1]}")
     if weight.shape[0] == 0:
         raise ValueError("weight has no rows: a vocabulary of size 0 has no distribution")
+    if weight.shape[1] == 0:  # refused rather than answered: every row's logits would be the bias alone
+        raise ValueError(f"{op}: hidden size 0 (weight shape {tuple(weight.shape)}): the logits would not depend on "
+                         f"hidden; use rlkernel.logp on the bias (or zeros) instead")
     if weight.shape[0] >= 1 << 31:
         raise ValueError(f"weight has {weight.shape[0]} rows: the vocabulary must be < 2^31")
     if weight.dtype != hidden.dtype:
@@ -274,8 +300,7 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
         if bias.device != hidden.device:
             raise ValueError(f"hidden on {hidden.device} and bias on {bias.device}: must be on one device")
     _tensor("token_ids", token_ids, floating=False)
-    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool or token_ids.is_complex():
-        raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    _check_ids_dtype(token_ids)
     if token_ids.shape != hidden.shape[:-1]:
         raise ValueError(f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:-1] "
                          f"{tuple(hidden.shape[:-1])} (hidden shape {tuple(hidden.shape)})")
@@ -326,5 +351,5 @@ def check_sample_args(logits, temperature, top_k, top_p, generator, min_p=0.0, s
     offset = _seed_like("offset", offset, logits)
     if seed is None and (isinstance(offset, torch.Tensor) or offset != 0):
         raise ValueError("offset needs seed: it is the counter of the per-row seeded generator")
-    _raise_cpu_faults("sample", settings, logits)
+    _raise_cpu_faults("sample", settings, logits, (temperature, top_k, top_p, min_p))
     return settings, seed, offset

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from pipelines import analysis, analyze, trace_db
+from pipelines import analysis, analyze, inputs, trace_db
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -292,7 +292,7 @@ def test_default_input_is_the_newest_complete_run(tmp_path, monkeypatch):
     m = json.loads((failed / "manifest.json").read_text())
     (failed / "manifest.json").write_text(json.dumps(dict(m, status="failed", error="nsys export died")))
     shutil.copytree(DATA / "no_nvtx", runs / "20260106T000000Z-no-manifest")
-    assert analyze.newest_run(runs) == runs / "20260102T000000Z-new"
+    assert inputs.newest_run(runs) == runs / "20260102T000000Z-new"
     assert main() == 0
     assert (runs / "20260102T000000Z-new" / "report" / "dispatch.csv").is_file()
     assert not (runs / "20260101T000000Z-old" / "report").exists()
@@ -300,7 +300,7 @@ def test_default_input_is_the_newest_complete_run(tmp_path, monkeypatch):
 
 def test_default_input_without_runs_is_the_bundled_example(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert (analyze.EXAMPLE_DIR / "trace.sqlite").is_file(), "the bundled example trace is missing"
+    assert (inputs.EXAMPLE_DIR / "trace.sqlite").is_file(), "the bundled example trace is missing"
     assert main() == 0
     out = tmp_path / "reports" / "example"
     html = (out / "report.html").read_text()

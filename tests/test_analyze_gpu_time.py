@@ -137,12 +137,12 @@ def test_verdict_cards_gpu_each_and_bandwidth_use_busy_time(tmp_path, capsys):
     """The example's fused workload: its cards, the CLI's "GPU each" and bandwidth.csv read busy time, and say so."""
     import html as htmllib
 
-    from pipelines import analyze, report
+    from pipelines import analyze, manifest, report
 
     out = tmp_path / "out"
     assert analyze.main([str(DATA / "example_with_sync"), "--out", str(out)]) == 0
     res = analysis.analyze(analysis.Source(DATA / "example_with_sync" / "trace.sqlite", DATA / "example_with_sync",
-                                           analyze.read_manifest(DATA / "example_with_sync" / "manifest.json")))
+                                           manifest.read_manifest(DATA / "example_with_sync" / "manifest.json")))
     wl = res.workloads.set_index("range").loc["rlkernel:logp-fused"]
     assert wl.mean_gpu_busy_ns < wl.mean_proj_gpu_ns  # the span holds a memset, idle time and a copy
     busy = report.fmt_ns(wl.mean_gpu_busy_ns)

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from pipelines import analyze
+from pipelines import analyze, inputs
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -67,6 +67,17 @@ def test_int64_extreme_timestamps_in_the_compare_baseline_are_one_line(tmp_path,
                       name="base.sqlite")
     line = one_line_exit_2(capsys, DATA / "verdicts", "--compare", base, "--out", tmp_path / "rep")
     assert "base.sqlite" in line and "out of range" in line
+    assert not (tmp_path / "rep").exists()
+
+
+def test_int64_extreme_timestamps_in_a_rank_are_one_line(tmp_path, capsys):
+    # the map step (ranks.analyze_rank) turns DuckDB's numeric errors into the same one-line TraceError
+    (tmp_path / "job").mkdir()
+    shutil.copy(DATA / "verdicts" / "trace.sqlite", tmp_path / "job" / "rank0.sqlite")
+    trace_copy(tmp_path / "job", f"UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = {INT64_MIN} WHERE {FIRST_KERNEL}",
+               name="rank1.sqlite")
+    line = one_line_exit_2(capsys, "--ranks", tmp_path / "job", "--jobs", "1", "--out", tmp_path / "rep")
+    assert "rank1.sqlite: values out of range for 64-bit arithmetic" in line
     assert not (tmp_path / "rep").exists()
 
 
@@ -313,14 +324,14 @@ def html_of(tmp_path, inp, *extra) -> str:
 def test_header_renders_backticks_as_code_and_ends_sentences_once(tmp_path):
     import re
 
-    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    html = html_of(tmp_path, inputs.EXAMPLE_DIR)
     header = re.search(r'<p class="where">(.*?)</p>', html, re.S).group(1)
     assert "`" not in header and ".." not in header
     assert "<code>python -m pipelines.capture --workload logp-native" in header
 
 
 def test_env_block_lists_each_variable_once(tmp_path):
-    html = html_of(tmp_path, analyze.EXAMPLE_DIR)
+    html = html_of(tmp_path, inputs.EXAMPLE_DIR)
     assert html.count("<dt>CUDA_VISIBLE_DEVICES</dt>") == 1
 
 

@@ -4,9 +4,12 @@ compute (on a copy whose kernels are renamed nccl*), and the executors (process 
 from __future__ import annotations
 
 import csv
+import os
 import pathlib
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -318,7 +321,7 @@ def test_cross_rank_columns_are_the_documented_ones():
 def test_ranks_reach_the_workers_as_absolute_paths(tmp_path, monkeypatch):
     """A Dask worker runs in another directory: the exports must travel as absolute paths."""
     monkeypatch.chdir(DATA)
-    specs = ranks.discover(pathlib.Path("multiproc"), analyze.resolve)
+    specs = ranks.discover(pathlib.Path("multiproc"))
     assert len(specs) == 2 and all(s.source.trace.is_absolute() and s.source.trace.is_file() for s in specs)
 
 
@@ -334,3 +337,18 @@ def test_dask_executor_without_a_scheduler_exits_3(tmp_path, monkeypatch, capsys
 def test_unknown_range_with_ranks_exits_2(tmp_path, capsys):
     assert main("--ranks", DATA / "multiproc", "--out", tmp_path / "rep", "--jobs", "1", "--range", "nosuch") == 2
     assert "--range nosuch: no such range" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--range", "nosuch", "--jobs", "1", "--out", "rep"], "--range nosuch: no such range in the input"),
+    (["--out", "."], ".: the current directory or one above it"),
+], ids=["unknown-range", "out-is-cwd"])
+def test_usage_errors_of_ranks_exit_2_under_python_m(tmp_path, argv, words):
+    """`python -m pipelines.analyze` runs the module as __main__: a usage error of --ranks is still one line and
+    exit 2 (it was a traceback and exit 1 while cross_rank raised the UsageError of a second copy of the module)."""
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-m", "pipelines.analyze", "--ranks", str(DATA / "multiproc"), *argv],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    err = [ln for ln in r.stderr.splitlines() if not ln.startswith("analyze: ")]  # the progress lines
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(f"pipelines.analyze: {words}"), r.stderr

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from pipelines import analyze
+from pipelines import analyze, inputs
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -126,7 +126,7 @@ def _heads(html: str, section: str) -> list[str]:
 def test_bundled_report_reads_in_units_with_shapes_ratios_and_reasons(tmp_path):
     """The bundled example as a person reads it (issue 40): a unit per column, times from t0, short kernel names,
     the shape, dtype, native/fused ratio and tokens/s on the workload rows, and why the alarming figures are low."""
-    rc, out = render(tmp_path, analyze.EXAMPLE_DIR)
+    rc, out = render(tmp_path, inputs.EXAMPLE_DIR)
     html = (out / "report.html").read_text()
     assert rc == 0
     wl = dict(zip(_heads(html, "Workloads"), _row(html, "Workloads", "rlkernel:logp-fused"), strict=True))
@@ -158,7 +158,7 @@ def test_bundled_report_reads_in_units_with_shapes_ratios_and_reasons(tmp_path):
 
 def test_a_run_without_a_manifest_pairs_fused_and_native_by_name(tmp_path):
     trace = tmp_path / "bare.sqlite"
-    shutil.copy(analyze.EXAMPLE_DIR / "trace.sqlite", trace)
+    shutil.copy(inputs.EXAMPLE_DIR / "trace.sqlite", trace)
     rc, out = render(tmp_path, trace)
     html = (out / "report.html").read_text()
     assert rc == 0 and "<th title=\"B\">" not in html and "<th class=\"n\" title=\"B\">" not in html

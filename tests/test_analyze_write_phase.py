@@ -115,13 +115,13 @@ def test_two_runs_on_one_directory_both_finish_and_the_last_writer_wins(tmp_path
 
 
 def test_two_rename_fallback_swaps_the_sets(tmp_path):
-    # where no atomic exchange exists (report._rename_over): the new set ends in place, the old one in tmp
-    from pipelines import report
+    # where no atomic exchange exists (outdir._rename_over): the new set ends in place, the old one in tmp
+    from pipelines import outdir
 
     out, tmp = tmp_path / "rep", tmp_path / ".rep.new-x1"
     for d, text in ((out, "old"), (tmp, "new")):
         d.mkdir()
         (d / "report.html").write_text(text)
-    report._rename_over(tmp, out)
+    outdir._rename_over(tmp, out)
     assert (out / "report.html").read_text() == "new" and (tmp / "report.html").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".rep.new-x1", "rep"]

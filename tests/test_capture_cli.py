@@ -362,7 +362,7 @@ def test_require_fused_on_a_trace_the_analyzer_cannot_read_exits_1(fakes, capsys
 def test_capture_ranks_two_gloo_processes_on_cpu(fakes, capsys):
     """Two real processes in one gloo group on the CPU (an all_reduce after each repetition), each under its own
     (fake) nsys: trace_rank<N> per rank, one manifest with each rank's dispatch, the layout analyze --ranks reads."""
-    from pipelines import analyze, ranks
+    from pipelines import ranks
 
     assert run_capture(fakes / "runs", "--ranks", "2") == EXIT_OK
     run = only_run(fakes / "runs")
@@ -384,7 +384,7 @@ def test_capture_ranks_two_gloo_processes_on_cpu(fakes, capsys):
         assert mine == m["steps"][n]["dispatch"] and sum(d["count"] for d in mine) == 8  # 2 workloads x (1 + 3)
     assert {d["rank"] for d in m["dispatch"]} == {0, 1}
     # analyze --ranks finds both ranks by their names, each with the shared manifest
-    specs = ranks.discover(run, analyze.resolve)
+    specs = ranks.discover(run)
     assert [(s.rank, s.label) for s in specs] == [(0, "trace_rank0.sqlite"), (1, "trace_rank1.sqlite")]
     assert all(s.source.manifest == m for s in specs)
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pipelines import runs
+from pipelines import manifest, runs
 
 pytestmark = pytest.mark.smoke
 
@@ -20,9 +20,9 @@ def test_env_allow_list_drops_everything_else():
     environ = {"CUDA_VISIBLE_DEVICES": "1", "NVIDIA_VISIBLE_DEVICES": "all", "RLKERNEL_VALIDATE": "0",
                "TORCH_CUDA_ARCH_LIST": "9.0a", "CUDA_LAUNCH_BLOCKING": "1", "HF_TOKEN": "secret",
                "AWS_SECRET_ACCESS_KEY": "secret", "PATH": "/usr/bin", "XRLKERNEL_": "no"}
-    assert runs.allowed_env(environ) == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "1",
-                                         "NVIDIA_VISIBLE_DEVICES": "all", "RLKERNEL_VALIDATE": "0",
-                                         "TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert manifest.allowed_env(environ) == {"CUDA_LAUNCH_BLOCKING": "1", "CUDA_VISIBLE_DEVICES": "1",
+                                             "NVIDIA_VISIBLE_DEVICES": "all", "RLKERNEL_VALIDATE": "0",
+                                             "TORCH_CUDA_ARCH_LIST": "9.0a"}
 
 
 def test_env_allow_list_names_the_projects_variables():
@@ -30,7 +30,7 @@ def test_env_allow_list_names_the_projects_variables():
     ours = {"RLKERNEL_VALIDATE": "sync", "RLKERNEL_REQUIRE_FUSED": "1", "RLKERNEL_REQUIRE_NVCC": "0",
             "RLKERNEL_ANALYZE_MEMORY": "2GB"}
     environ = {**ours, "RLKERNEL_API_TOKEN": "secret", "RLKERNEL_": "x", "RLKERNEL_VALIDATEX": "1"}
-    assert runs.allowed_env(environ) == ours
+    assert manifest.allowed_env(environ) == ours
 
 
 def test_built_under_a_hidden_name_then_renamed(tmp_path):
@@ -42,7 +42,7 @@ def test_built_under_a_hidden_name_then_renamed(tmp_path):
     assert final == tmp_path / "20260102T030405Z-logp-fused" and not run.path.exists()
     assert (final / "trace.sqlite").exists()
     m = json.loads((final / "manifest.json").read_text())
-    assert tuple(m) == runs.MANIFEST_KEYS
+    assert tuple(m) == manifest.MANIFEST_KEYS
     assert (m["schema"], m["status"], m["error"], m["created_at"]) == (1, "complete", None, "2026-01-02T03:04:05Z")
     assert [p.name for p in tmp_path.iterdir()] == [final.name]  # no temporary files left behind
 

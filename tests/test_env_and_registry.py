@@ -68,6 +68,14 @@ def test_registry_entries_and_fields():
         workloads.get("nope")
 
 
+def test_registry_order_is_the_suites_run_order():
+    # names() is the order the profile suite and capture run in and list: the package split (issue 28) kept it
+    assert workloads.names() == [
+        "logp-native", "logp-native-bwd", "sampling-native", "sampling-mixed-native",
+        "logp-fused", "logp-fused-bwd", "sampling-fused", "sampling-mixed-fused",
+        "linear-logp-native", "linear-logp-fused", "linear-logp-fused-bwd", "grpo-step"]
+
+
 def test_registry_validates_entries():
     w = workloads.get("logp-native")
     with pytest.raises(ValueError, match="fused_ops"):

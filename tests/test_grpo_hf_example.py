@@ -23,7 +23,7 @@ TINY = ["--device", "cpu", "--hidden-size", "32", "--intermediate-size", "48", "
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_tiny_run_agrees_within_its_bound_and_writes_a_manifest(tmp_path, capsys, dtype):
     pytest.importorskip("transformers")
-    from pipelines import analyze
+    from pipelines.manifest import manifest_problem
 
     manifest = tmp_path / "manifest.json"
     assert grpo_hf.main([*TINY, "--dtype", dtype, "--manifest", str(manifest)]) == 0
@@ -34,7 +34,7 @@ def test_tiny_run_agrees_within_its_bound_and_writes_a_manifest(tmp_path, capsys
         assert diff <= bound
         assert "linear_logp_loss fallback" in ln  # CPU: the native path, recorded as a fallback of "auto"
     data = json.loads(manifest.read_text())
-    assert analyze.manifest_problem(data) is None
+    assert manifest_problem(data) is None
     assert data["workloads"][0]["name"] == grpo_hf.WORKLOAD
     assert data["workloads"][0]["fused_ops"] == ["linear_logp_loss"]
     assert any(r["op"] == "linear_logp_loss" for r in data["dispatch"])

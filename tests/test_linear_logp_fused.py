@@ -39,7 +39,7 @@ def fused():
     reason = _ext.unavailable_reason()
     if reason:  # a GPU without the build is a setup problem, not a pass
         pytest.fail(f"CUDA is available but rlkernel._C is not: {reason} (python setup.py build_ext --inplace)")
-    from rlkernel.ops import linear_logp_fused
+    from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
     rlkernel.check_errors()
     yield linear_logp_fused

@@ -18,8 +18,8 @@ import torch
 
 import rlkernel
 from rlkernel import dispatch
-from rlkernel.ops import linear_logp_native as native_mod
-from rlkernel.ops.linear_logp_native import linear_logp_native
+from rlkernel.ops.native import linear_logp as native_mod
+from rlkernel.ops.native.linear_logp import linear_logp_native
 
 IGNORE = -100
 UNIT = {torch.float32: 1e-6, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float64: 1e-15}

@@ -28,7 +28,7 @@ def fused():
     reason = _ext.unavailable_reason()
     if reason:  # a GPU without the build is a setup problem, not a pass: say so loudly
         pytest.fail(f"CUDA is available but rlkernel._C is not: {reason} (python setup.py build_ext --inplace)")
-    from rlkernel.ops import logp_fused
+    from rlkernel.ops.fused import logp as logp_fused
 
     return logp_fused
 

@@ -86,7 +86,7 @@ def test_gradients_match_float64_autograd(dtype, with_entropy):
 
 
 def test_gradcheck_small_shapes():
-    from rlkernel.ops.logp_native import logp_native
+    from rlkernel.ops.native.logp import logp_native
 
     logits = _logits((3, 17), torch.float64, 4).requires_grad_(True)
     ids = torch.tensor([1, -100, 16])

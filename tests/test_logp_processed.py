@@ -7,7 +7,7 @@ from filter_cases import BACKENDS, all_configs, as_row_tensors, need, row
 from reference_filtered import processed_grad_ref, processed_ref
 
 import rlkernel
-from rlkernel.ops.logp_processed_native import logp_processed_native
+from rlkernel.ops.native.logp_processed import logp_processed_native
 from rlkernel.validate import RowSettings
 
 VOCAB = 113

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from pipelines import analyze
+from pipelines import analyze, inputs
 from rlkernel import envflags
 from tests.nsys_reference import DATA
 
@@ -105,7 +105,7 @@ def assert_reads_well(found: dict) -> None:
 def test_bundled_report_lays_out_at_1280_px(tmp_path):
     chromium()
     out = tmp_path / "example"
-    assert analyze.main([str(analyze.EXAMPLE_DIR), "--out", str(out)]) == 0
+    assert analyze.main([str(inputs.EXAMPLE_DIR), "--out", str(out)]) == 0
     found = layout(out / "report.html", tmp_path)
     assert_reads_well(found)
     assert found["height"] < MAX_HEIGHT, found["height"]
@@ -131,7 +131,7 @@ def test_compare_report_lays_out_at_1280_px(tmp_path):
     """Against another run (another kernel set: --force), whose baseline-only kernels have no short name here."""
     chromium()
     out = tmp_path / "compare"
-    rc = analyze.main([str(analyze.EXAMPLE_DIR), "--compare", str(DATA / "example_with_sync"), "--force",
+    rc = analyze.main([str(inputs.EXAMPLE_DIR), "--compare", str(DATA / "example_with_sync"), "--force",
                        "--out", str(out)])
     assert rc in (0, 1)
     assert_reads_well(layout(out / "report.html", tmp_path))
@@ -141,7 +141,7 @@ def test_the_check_finds_a_word_broken_mid_way(tmp_path):
     """The check can fail: the old style (``word-break: break-all`` in a narrow column) is caught."""
     chromium()
     out = tmp_path / "example"
-    assert analyze.main([str(analyze.EXAMPLE_DIR), "--out", str(out)]) == 0
+    assert analyze.main([str(inputs.EXAMPLE_DIR), "--out", str(out)]) == 0
     page = out / "report.html"
     page.write_text(page.read_text().replace("</style>", "td { word-break: break-all; max-width: 40px; }</style>"))
     found = layout(page, tmp_path)

@@ -8,7 +8,7 @@ from reference import chi_square_pvalue
 from reference_filtered import kept_set
 
 import rlkernel
-from rlkernel.ops.filters_native import philox4x32
+from rlkernel.ops.native.filters import philox4x32
 
 VOCAB = 97
 DRAWS = {"cpu": 2500, "cuda": 20000}

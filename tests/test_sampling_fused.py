@@ -223,7 +223,7 @@ def test_cuda_graph_replays_draw_afresh_inside_the_kept_set():
 
 
 def test_torch_compile_without_graph_break():
-    from rlkernel.ops.sampling_fused import sample_fused
+    from rlkernel.ops.fused.sampling import sample_fused
 
     logits = torch.randn(8, 4000, device="cuda")
 

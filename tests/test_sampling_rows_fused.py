@@ -236,7 +236,7 @@ def test_per_row_calls_do_not_sync_the_host():
 
 
 def test_processed_forward_compiles_without_graph_break():
-    from rlkernel.ops.logp_processed_fused import logp_processed_fused
+    from rlkernel.ops.fused.logp_processed import logp_processed_fused
 
     x = torch.randn(8, 4000, device="cuda")
     ids = torch.randint(0, 4000, (8,), device="cuda")

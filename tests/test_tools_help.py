@@ -66,3 +66,21 @@ def test_gpu_check_unknown_stage_before_anything(tmp_path, stages):
     assert out.stderr.strip().splitlines() == ["gpu_check: unknown stage bogus (known: node build tests profile grpo "
                                                "capture bench example; see --help)"]
     assert _tree(tree) == before and list(tmp.iterdir()) == []
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("args, words", [
+    ([], "give OLD_COMMIT NEW_COMMIT (see --help)"),
+    (["HEAD"], "give OLD_COMMIT NEW_COMMIT (see --help)"),
+    (["no-such-commit", "HEAD"], "no-such-commit: not a commit of "),
+], ids=["none", "one", "unknown-commit"])
+def test_compare_outputs_bad_usage_exits_2_before_anything(tmp_path, args, words):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--git-dir"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: compare_outputs.sh compares commits")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = subprocess.run(["bash", str(ROOT / "tools" / "compare_outputs.sh"), *args], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)}, timeout=60)
+    assert out.returncode == 2 and out.stdout == "", out
+    assert out.stderr.startswith(f"compare_outputs.sh: {words}") and out.stderr.count("\n") == 1, out.stderr
+    assert list(tmp.iterdir()) == []

@@ -79,7 +79,7 @@ def test_every_op_runs_without_a_host_sync(backend):
 
 
 def test_eager_entry_gives_the_registered_ops_bits_and_modes_still_see_the_op():
-    """The no-grad eager forward goes straight into rlkernel._C (csrc/eager_entry.cpp); under a torch dispatch mode,
+    """The no-grad eager forward goes straight into rlkernel._C (csrc/python_module.cpp); under a torch dispatch mode,
     or with a gradient to record, the registered op runs: same bits either way, errors reported the same way."""
     from torch.utils._python_dispatch import TorchDispatchMode
 

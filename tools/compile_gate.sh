@@ -3,9 +3,9 @@
 #   usage: bash tools/compile_gate.sh            (no arguments; NVCC, CXX, PYTHON choose the tools)
 #   1. every csrc/*.cu (kernels + launchers, no torch include) with nvcc for sm_80 and sm_90a, and the sampler's
 #      timeline driver (tools/sampler_timeline/) against its probed copy of csrc/;
-#   2. csrc/bindings.cpp and every other csrc/*.cpp but cuda_stream.cpp and eager_entry.cpp (registration only)
+#   2. every csrc/*.cpp but cuda_stream.cpp and python_module.cpp (library.cpp and the op files: registration only)
 #      with the headers of the installed torch wheel (the CPU one in CI);
-#   3. csrc/eager_entry.cpp (the Python module) with those and Python's headers (skipped where Python.h is missing);
+#   3. csrc/python_module.cpp (the Python module) with those and Python's headers (skipped where Python.h is missing);
 #   4. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers).
 # Without nvcc it prints "skipped: nvcc not found" and exits 0, unless CI or RLKERNEL_REQUIRE_NVCC is true.
 # Exit codes: 0 all compiled (or skipped), 1 a file failed to compile, 2 a bad CI/RLKERNEL_REQUIRE_NVCC value,
@@ -61,8 +61,8 @@ if "$PY" tools/sampler_timeline/instrument.py csrc "$out/probed" > "$out/log" 2>
 else
   echo "compile gate: FAIL tools/sampler_timeline/instrument.py"; cat "$out/log"; fail=1
 fi
-for cpp in csrc/*.cpp; do  # registration files (bindings.cpp and the ops' own): torch/library.h level only
-  case "$cpp" in csrc/cuda_stream.cpp|csrc/eager_entry.cpp) continue ;; esac
+for cpp in csrc/*.cpp; do  # registration files (library.cpp and the ops' own): torch/library.h level only
+  case "$cpp" in csrc/cuda_stream.cpp|csrc/python_module.cpp) continue ;; esac
   # shellcheck disable=SC2086  # TORCH_INC is a list of -I flags
   step "$cpp [torch headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -Icsrc/include \
     -c "$cpp" -o "$out/$(basename "$cpp").o"
@@ -70,10 +70,10 @@ done
 PY_INC=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
 if [ -e "$PY_INC/Python.h" ]; then
   # shellcheck disable=SC2086
-  step "csrc/eager_entry.cpp [torch + Python headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -I"$PY_INC" \
-    -Icsrc/include -DTORCH_EXTENSION_NAME=_C -c csrc/eager_entry.cpp -o "$out/eager_entry.o"
+  step "csrc/python_module.cpp [torch + Python headers]" "$CXX" -std=c++20 -O0 -Wall -fPIC $TORCH_INC -I"$PY_INC" \
+    -Icsrc/include -DTORCH_EXTENSION_NAME=_C -c csrc/python_module.cpp -o "$out/python_module.o"
 else
-  echo "compile gate: skip csrc/eager_entry.cpp (no Python.h under $PY_INC)"
+  echo "compile gate: skip csrc/python_module.cpp (no Python.h under $PY_INC)"
 fi
 if [ -n "$TORCH_CUDA" ]; then
   CUDA_INC=$(dirname "$(dirname "$(command -v "$NVCC")")")/include

@@ -37,11 +37,11 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     kwargs = dict(bias=bias, temperature=float(temperature), ignore_index=int(ignore_index),
                   return_entropy=bool(return_entropy), batch_invariant=batch_invariant, requested=backend)
     if rec.status == "fused":
-        from rlkernel.ops.linear_logp_fused import linear_logp_fused
+        from rlkernel.ops.fused.linear_logp import linear_logp_fused
 
         out, ent = linear_logp_fused(hidden, weight, token_ids, **kwargs)
     else:
-        from rlkernel.ops.linear_logp_native import linear_logp_native
+        from rlkernel.ops.native.linear_logp import linear_logp_native
 
         out, ent = linear_logp_native(hidden, weight, token_ids, fallback_reason=rec.reason, **kwargs)
     return (out, ent) if return_entropy else out

@@ -18,6 +18,7 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import linear_logp_loss_chunks as chunks
+from rlkernel.ops import second_order
 from rlkernel.validate import check_linear_args
 
 OP = "linear_logp_loss"
@@ -50,20 +51,21 @@ class _PrecomputedGrads(torch.autograd.Function):
     """Connects the loss to hidden, weight and bias; its backward scales the gradients computed in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, run):
+    def forward(ctx, hidden, weight, bias, run, *anchors):
         loss, grads = run(ctx.needs_input_grad[:3])
         ctx.grads = grads
+        ctx.save_for_backward(*anchors)  # what a refused second derivative hangs on (rlkernel.ops.second_order)
         return loss
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @second_order.refused("linear_logp_loss")
     def backward(ctx, grad_loss):
         if ctx.grads is None:
             raise RuntimeError("linear_logp_loss: backward ran twice; its gradients were computed once, in the forward")
         grads, ctx.grads = ctx.grads, None
         # in place: the buffers are ours, and a copy of dW would cost V x H more memory
         scaled = tuple(g.mul_(grad_loss) if g is not None else None for g in grads)
-        return (*scaled, None)
+        return (*scaled, None, None, None, None)
 
 
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
@@ -104,6 +106,9 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
 
     tensors = (hidden, weight) + ((bias,) if bias is not None else ())
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return _PrecomputedGrads.apply(hidden, weight, bias, run)
+        # empty copies of the inputs that need a gradient: on their graphs, holding none of their memory (no kernel)
+        anchors = tuple(t.as_strided((0,), (1,)).clone() if t is not None and t.requires_grad else None
+                        for t in (hidden, weight, bias))
+        return _PrecomputedGrads.apply(hidden, weight, bias, run, *anchors)
     loss, _ = run((False, False, False))
     return loss

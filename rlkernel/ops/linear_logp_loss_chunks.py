@@ -15,6 +15,8 @@ import torch
 
 from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops.native.softmax import compute_dtype
+from rlkernel.ops.rows import flat_ids
 
 OP = "linear_logp_loss"
 RANGE = "op.linear_logp_loss"
@@ -35,10 +37,7 @@ def _prepare(hidden: torch.Tensor, token_ids: torch.Tensor):
     h = hidden.reshape(-1, hidden.shape[-1])
     if h.shape[1] > 1 and h.stride(1) != 1:
         h = h.contiguous()
-    ids = token_ids.reshape(-1)
-    if ids.dtype != torch.int64:
-        ids = ids.to(torch.int64)
-    return h, ids.contiguous()
+    return h, flat_ids(token_ids)
 
 
 def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bool):
@@ -86,10 +85,9 @@ def _result(total, hidden, weight, dh, dw, db):
 
 def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V)."""
-    from rlkernel.ops import logp_fused
+    from rlkernel.ops.fused import logp as fused_logp
 
-    logp_fused.ensure_registered()
-    forward, backward = logp_fused._FORWARD, torch.ops.rlkernel.logp_backward_inplace
+    forward, backward = fused_logp.forward_op(), torch.ops.rlkernel.logp_backward_inplace
     h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
                                                                          needs, weight.dtype, torch.float32, False)
     n, vocab = h.shape[0], weight.shape[0]
@@ -149,7 +147,7 @@ def _native_logp(logits, safe, valid, bad, temperature, cdtype):
 
 def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """The same chunking in PyTorch: float32 softmax of one chunk, autograd of that chunk for its gradients."""
-    cdtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    cdtype = compute_dtype(hidden.dtype)
     h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
                                                                          needs, cdtype, cdtype, True)
     n, vocab = h.shape[0], weight.shape[0]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops import logp_fused as _fused
-from rlkernel.ops.logp_native import logp_native
-from rlkernel.ops.logp_processed_native import logp_processed_native
+from rlkernel.ops.fused.logp import logp_fused
+from rlkernel.ops.fused.logp_processed import logp_processed_fused
+from rlkernel.ops.native.logp import logp_native
+from rlkernel.ops.native.logp_processed import logp_processed_native
 from rlkernel.validate import check_logp_args
 
 
@@ -35,7 +36,7 @@ def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature=1.0, top_
         dispatch.record("logp.backward", backend, rec.backend, rec.status, rec.reason)
     if settings.filtered(logits.shape[-1]):
         if rec.status == "fused":
-            out, ent = _fused.logp_processed_fused(
+            out, ent = logp_processed_fused(
                 logits, token_ids, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
                 min_p=settings.min_p, ignore_index=int(ignore_index), return_entropy=bool(return_entropy),
                 requested=backend)
@@ -44,9 +45,9 @@ def logp(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature=1.0, top_
                                              return_entropy=bool(return_entropy), requested=backend,
                                              fallback_reason=rec.reason)
     elif rec.status == "fused":
-        out, ent = _fused.logp_fused(logits, token_ids, temperature=float(temperature),
-                                     ignore_index=int(ignore_index), return_entropy=bool(return_entropy),
-                                     inplace_backward=bool(inplace_backward), requested=backend)
+        out, ent = logp_fused(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
+                              return_entropy=bool(return_entropy), inplace_backward=bool(inplace_backward),
+                              requested=backend)
     else:
         out, ent = logp_native(logits, token_ids, temperature=float(temperature), ignore_index=int(ignore_index),
                                return_entropy=bool(return_entropy), requested=backend, fallback_reason=rec.reason)

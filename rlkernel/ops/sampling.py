@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops.sampling_fused import sample_fused
-from rlkernel.ops.sampling_native import sample_native
+from rlkernel.ops.fused.sampling import sample_fused
+from rlkernel.ops.native.sampling import sample_native
 from rlkernel.validate import check_return_logprobs, check_sample_args
 
 

@@ -17,7 +17,7 @@ constexpr int64_t kErrorRecordEmpty = INT64_MAX;
 constexpr int kErrOpLogpBadId = 1;       // logp: a token id outside [0, V) that is not ignore_index
 constexpr int kErrOpSampleNoDist = 2;    // sample: a row without a distribution
 // sample / processed logp: a per-row setting out of range, checked on the device (value: the argument's code,
-// kArg* in sampling_api.cuh; position: the row). Kernels write it through a copy of their sink with this op.
+// kArg* in sampling_api.h; position: the row). Kernels write it through a copy of their sink with this op.
 constexpr int kErrOpBadArg = 3;
 
 // Where one call reports: record == nullptr reports nothing (RLKERNEL_VALIDATE=0).
@@ -28,7 +28,7 @@ struct ErrorSink {
 };
 
 // The sink of one op call from its integer arguments: the record's device address (0: report nothing), the call's
-// sequence number and the error kind; checks their ranges (defined in csrc/bindings.cpp, used by every op file).
+// sequence number and the error kind; checks their ranges (defined in csrc/library.cpp, used by every op file).
 ErrorSink error_sink(int64_t record, int64_t seq, int64_t op);
 
 }  // namespace rlkernel

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "rlkernel/logp_api.h"  // ElemType, RowGradArgs
+#include "rlkernel/common_api.h"  // ElemType, RowGradArgs
 #include "rlkernel/row_grad.cuh"
 #include "rlkernel/row_reduce.cuh"
 

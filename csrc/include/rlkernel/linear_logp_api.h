@@ -1,12 +1,12 @@
 // Host interface of the fused LM-head log-prob launchers (csrc/linear_logp.cu). Plain C++: no CUDA or torch
 // header, so csrc/linear_logp_op.cpp compiles with the CPU torch wheel alone. Streams travel as void*.
-// The GEMMs of the op are cuBLAS calls made by rlkernel/ops/linear_logp_fused.py; these launch the rest.
+// The GEMMs of the op are cuBLAS calls made by rlkernel/ops/fused/linear_logp.py; these launch the rest.
 #pragma once
 
 #include <cstdint>
 
 #include "rlkernel/error_record.h"
-#include "rlkernel/logp_api.h"  // ElemType, RowGradArgs
+#include "rlkernel/common_api.h"  // ElemType, RowGradArgs, current_cuda_stream
 
 namespace rlkernel {
 

@@ -1,14 +1,13 @@
 // Host interface of the log-prob launchers (csrc/logp.cu). Plain C++: no CUDA or torch header, so that
-// csrc/bindings.cpp compiles with the CPU torch wheel alone. Streams travel as void* (a cudaStream_t).
+// csrc/logp_op.cpp compiles with the CPU torch wheel alone. Streams travel as void* (a cudaStream_t).
 #pragma once
 
 #include <cstdint>
 
+#include "rlkernel/common_api.h"  // ElemType, RowGradArgs, current_cuda_stream
 #include "rlkernel/error_record.h"
 
 namespace rlkernel {
-
-enum class ElemType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 struct LogpForwardArgs {
   const void* logits;       // [n_rows, vocab], last dim contiguous, any row stride (elements) and alignment
@@ -24,21 +23,6 @@ struct LogpForwardArgs {
   float* stats;             // [n_rows, 2]: (r, log2 s) in base-2 units of x / T
   ErrorSink errors;         // rows with an id outside [0, vocab) (not ignore_index) are reported here
   void* stream;
-};
-
-// What a row's gradient needs besides its logits: the same fields, and meaning, in the logp backward
-// (LogpBackwardArgs) and the linear-logp grad (LinearGradArgs, linear_logp_api.h), whose launchers pass them on
-// to the kernels' shared RowGradInputs (row_grad.cuh) in one place.
-struct RowGradArgs {
-  ElemType dtype;
-  double temperature;
-  int64_t ignore_index;
-  const float* grad_logp;   // [n_rows] with stride, or nullptr
-  int64_t grad_logp_stride;
-  const float* grad_entropy;  // [n_rows] with stride, or nullptr
-  int64_t grad_entropy_stride;
-  const float* entropy;     // forward entropy, needed with grad_entropy
-  const float* stats;       // [n_rows, 2] from the forward
 };
 
 struct LogpBackwardArgs : RowGradArgs {
@@ -58,8 +42,5 @@ const char* logp_backward(const LogpBackwardArgs& args);
 
 // The device's row team for vocab size V: the number of threads that reduce one row (see row_reduce.cuh).
 int logp_row_team(int64_t vocab, ElemType dtype);
-
-// Current CUDA stream of a device, from torch (csrc/cuda_stream.cpp: the one file built with torch's CUDA headers).
-void* current_cuda_stream(int device_index);
 
 }  // namespace rlkernel

@@ -7,7 +7,7 @@
 #include <cuda_fp16.h>
 
 #include "rlkernel/error_record.cuh"
-#include "rlkernel/sampling_api.cuh"
+#include "rlkernel/sampling_api.h"
 
 namespace rlkernel {
 namespace sampling {

@@ -6,7 +6,9 @@ import torch
 
 from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.filters_native import Filtered, seeded_exponentials
+from rlkernel.ops.native.filters import Filtered, seeded_exponentials
+from rlkernel.ops.native.logp import native_logp_values
+from rlkernel.ops.native.logp_processed import processed_logp_values
 from rlkernel.validate import RowSettings, no_distribution_error, row_faults
 
 
@@ -67,9 +69,6 @@ def sample_native(logits, *, settings: RowSettings | None = None, temperature=1.
     the same arguments: ``return_logprobs=True`` the unfiltered one, ``"processed"`` the filtered one) inside this
     op's ``op.sample`` range: they are part of the sampler's work, not a separate logp call, so a trace or a
     dispatch history shows no logp op for them."""
-    from rlkernel.ops.logp_native import native_logp_values
-    from rlkernel.ops.logp_processed_native import processed_logp_values
-
     if settings is None:
         settings = RowSettings(temperature, top_k, top_p, min_p)
     lead, vocab = logits.shape[:-1], logits.shape[-1]

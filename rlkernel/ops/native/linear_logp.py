@@ -20,15 +20,13 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.linear_logp_fused import batch_invariant_blas
+from rlkernel.ops import second_order
+from rlkernel.ops.blas import batch_invariant_blas
+from rlkernel.ops.native.softmax import compute_dtype, entropy
 
 _CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
 BI_ROWS = 128  # rows per matmul with batch_invariant=True
 _BI_COL_ALIGN = 16  # batch_invariant: logits rows padded to a multiple of this many columns (64 bytes in float32)
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _chunks(n: int, vocab: int, batch_invariant: bool):
@@ -65,18 +63,12 @@ def _softmax_parts(x):
     return logp_all, logp_all.exp()
 
 
-def _entropy(p, logp_all):
-    # p log p is 0 where p is 0 (a -inf logit); NaN stays NaN
-    plogp = torch.where(p > 0, p * logp_all, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
-    return -plogp.sum(dim=-1)
-
-
 class _NativeLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, temperature, return_entropy, batch_invariant,
                 record):
         n, vocab = hidden.shape[0], weight.shape[0]
-        cd = _compute_dtype(hidden.dtype)
+        cd = compute_dtype(hidden.dtype)
         out = torch.zeros(n, dtype=cd, device=hidden.device)
         ent = torch.zeros(n, dtype=cd, device=hidden.device) if return_entropy else None
         for r0, r1, rows in _chunks(n, vocab, batch_invariant):
@@ -85,7 +77,7 @@ class _NativeLinearLogp(torch.autograd.Function):
             k = r1 - r0
             out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
             if return_entropy:
-                ent[r0:r1] = _entropy(p, logp_all)[:k]
+                ent[r0:r1] = entropy(p, logp_all)[:k]
         zero, nan = torch.zeros((), dtype=cd, device=out.device), torch.full((), math.nan, dtype=cd, device=out.device)
         out = torch.where(bad, nan, torch.where(valid, out, zero))
         if return_entropy:
@@ -96,6 +88,7 @@ class _NativeLinearLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record
@@ -103,7 +96,7 @@ class _NativeLinearLogp(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         with op_range("op.linear_logp.backward"):
             n, vocab = hidden.shape[0], weight.shape[0]
-            cd = _compute_dtype(hidden.dtype)
+            cd = compute_dtype(hidden.dtype)
             t = ctx.temperature
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
@@ -121,7 +114,7 @@ class _NativeLinearLogp(torch.autograd.Function):
                     onehot = torch.zeros_like(x).scatter_(-1, _pad(safe_ids[r0:r1], m).unsqueeze(-1), 1.0)
                     g = g + gl * (onehot - p)
                 if grad_ent is not None:
-                    ent = _entropy(p, logp_all).unsqueeze(-1)
+                    ent = entropy(p, logp_all).unsqueeze(-1)
                     # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
                     g = g - _pad(grad_ent[r0:r1].to(cd), m).unsqueeze(-1) * torch.where(p > 0, p * (logp_all + ent),
                                                                                          0.0)

@@ -1,11 +1,12 @@
-// The kernels' element type of a torch tensor, for the op registrations (csrc/bindings.cpp, csrc/sampling_op.cpp).
-// torch/library.h-level headers only: the CI compile gate builds its includers with the CPU torch wheel.
+// The kernels' element type of a torch tensor, for the op files (logp_op.cpp, sampling_op.cpp, linear_logp_op.cpp).
+// torch/library.h-level headers only: the CI compile gate builds its includers with the CPU torch wheel. Torch-level,
+// so it sits beside its includers in csrc/, not in the framework-free include/.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
-#include "rlkernel/logp_api.h"  // ElemType
+#include "rlkernel/common_api.h"  // ElemType
 
 namespace rlkernel {
 

@@ -28,7 +28,9 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.logp_fused import as_rows
+from rlkernel.ops import second_order
+from rlkernel.ops.blas import batch_invariant_blas
+from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
 MAX_BLOCK_ROWS = 16384  # rows per block in the default mode (more rows: several blocks)
@@ -100,42 +102,6 @@ def dh_accumulation(device: torch.device, dtype: torch.dtype, batch_invariant: b
             mode = "dtype"
         _dh_modes[key] = mode
     return mode
-
-
-_SPLIT_K_FLAGS = {torch.bfloat16: "allow_bf16_reduced_precision_reduction",
-                  torch.float16: "allow_fp16_reduced_precision_reduction"}
-
-
-@contextlib.contextmanager
-def batch_invariant_blas(dtype: torch.dtype, device: torch.device, on: bool = True):
-    """With batch_invariant on CUDA: cuBLAS GEMMs through cuBLASLt without split-K / stream-K reductions, whose split
-    of K could differ between the output tiles a row may fall in (torch's preferred BLAS backend "cublaslt" and, for
-    16-bit GEMMs, (allow_reduced_precision, allow_splitk) = (False, False), which torch accepts only with cuBLASLt).
-    Both restored after the call; a setting this torch lacks is left as it is. Process-wide while it lasts."""
-    if not on or device.type != "cuda":
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    backend = flag = None
-    try:
-        backend = torch.backends.cuda.preferred_blas_library()
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-    except (TypeError, ValueError, RuntimeError, AttributeError):
-        backend = None
-    attr = _SPLIT_K_FLAGS.get(dtype) if backend is not None else None
-    if attr is not None:
-        try:
-            flag = (getattr(matmul, attr), getattr(matmul, attr + "_split_k", True))
-            setattr(matmul, attr, (False, False))
-        except (TypeError, ValueError, RuntimeError, AttributeError):
-            flag = None
-    try:
-        yield
-    finally:
-        if flag is not None:
-            setattr(matmul, attr, flag)
-        if backend is not None:
-            torch.backends.cuda.preferred_blas_library(backend)
 
 
 def _logits_tile(h, weight, bias, c0, c1, out):
@@ -281,6 +247,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         return logp, (entropy if return_entropy else None)
 
     @staticmethod
+    @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_entropy):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
@@ -293,33 +260,20 @@ class _FusedLinearLogp(torch.autograd.Function):
         with op_range("op.linear_logp.backward"), batch_invariant_blas(rows2d.dtype, rows2d.device,
                                                                       ctx.batch_invariant):
             dh, dw, db = _backward(
-                rows2d, weight, bias, ids, stats, entropy, _row_grad(grad_logp), _row_grad(grad_entropy),
+                rows2d, weight, bias, ids, stats, entropy, row_grad(grad_logp), row_grad(grad_entropy),
                 ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None)
         return (dh, dw, db) + none
-
-
-def _row_grad(g):
-    return None if g is None else g.reshape(-1).to(torch.float32)
-
-
-def ensure_registered() -> None:
-    """Load rlkernel._C (raises rlkernel._ext.ExtensionNotBuilt)."""
-    _ext.load()
 
 
 def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
                       batch_invariant=False, requested="auto"):
     """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
     No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``)."""
-    ensure_registered()
+    _ext.load()  # raises rlkernel._ext.ExtensionNotBuilt; the ops' schemas and impls are all C++: nothing to register
     with op_range("op.linear_logp.forward"):
         lead = hidden.shape[:-1]
         rows2d = as_rows(hidden)
-        ids = token_ids.reshape(-1)
-        if ids.dtype != torch.int64:
-            ids = ids.to(torch.int64)
-        if not ids.is_contiguous():
-            ids = ids.contiguous()
+        ids = flat_ids(token_ids)
         weight_c = weight if weight.is_contiguous() else weight.contiguous()
         bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
         args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),

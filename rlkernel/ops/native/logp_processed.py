@@ -3,7 +3,7 @@
 ``log p_i - log S`` (S = the kept mass) for a kept id, ``-inf`` for any other; T = 0 rows: 0 for the argmax, -inf
 otherwise; entropy of the filtered distribution. The backward holds the kept set fixed: the gradient of
 ``z_i / T - logsumexp`` over the kept set, 0 outside it, 0 for a whole row whose id is not kept (docs/contracts.md,
-section 1). The kept set comes from rlkernel.ops.filters_native, which the native sampler uses too.
+section 1). The kept set comes from rlkernel.ops.native.filters, which the native sampler uses too.
 """
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops.filters_native import Filtered, row_sum
+from rlkernel.ops import second_order
+from rlkernel.ops.native.filters import Filtered, row_sum
 from rlkernel.validate import RowSettings, row_faults
 
 
 def _entropy(q: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """The filtered law's entropy, summed in row_sum's fixed order (batch invariance), not softmax.entropy's."""
     return -row_sum(torch.where(q > 0, q * logq, torch.zeros_like(q)))
 
 
@@ -24,6 +26,9 @@ class _ProcessedLogp(torch.autograd.Function):
     def forward(ctx, logits, safe_ids, valid, bad, settings, return_entropy, record):
         n, vocab = safe_ids.numel(), logits.shape[-1]
         f = Filtered(logits.reshape(n, vocab), *settings)
+        # a row without a distribution (a NaN, no finite logit, at T > 0 a +inf one) is NaN, as on the plain path;
+        # saved with the bad rows, so its gradient is NaN too (an ignored row stays 0)
+        bad = bad | (valid & f.no_distribution())
         ids = safe_ids.view(n, 1)
         kept_id = f.kept.gather(-1, ids).view(n)
         logq = f.x - f.m - f.log_s  # log q over the row (meaningful on the kept set)
@@ -41,6 +46,7 @@ class _ProcessedLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward

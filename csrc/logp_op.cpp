@@ -1,6 +1,7 @@
-// Registration of the rlkernel custom ops: schemas, thin tensor checks, calls into the launchers.
+// The log-prob op (csrc/logp.cu's launchers): its schemas, thin tensor checks and CUDA impls, and the eager entry's
+// body (torch_ops.h). The library itself is defined once, in csrc/library.cpp; this file adds a fragment.
 // Only torch/library.h-level headers (the CI compile gate builds this file with the CPU torch wheel).
-// Fake kernels and autograd live in Python (rlkernel/ops/logp_fused.py); input validation in rlkernel/validate.py.
+// Fake kernels and autograd live in Python (rlkernel/ops/fused/logp.py); input validation in rlkernel/validate.py.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -9,8 +10,8 @@
 #include <optional>
 
 #include "rlkernel/logp_api.h"
-#include "rlkernel/torch_elem_type.h"
-#include "rlkernel/torch_ops.h"
+#include "torch_elem_type.h"
+#include "torch_ops.h"
 
 namespace {
 
@@ -130,24 +131,11 @@ void logp_backward_inplace(const std::optional<Tensor>& grad_logp, const std::op
 
 }  // namespace
 
-namespace rlkernel {
-ErrorSink error_sink(int64_t record, int64_t seq, int64_t op) {
-  TORCH_CHECK(record >= 0, "rlkernel: bad error record address");
-  TORCH_CHECK(seq >= 0 && seq < (int64_t{1} << 31), "rlkernel: error sequence number out of range");
-  TORCH_CHECK(op == kErrOpLogpBadId || op == kErrOpSampleNoDist || op == kErrOpBadArg, "rlkernel: unknown error kind ", op);
-  ErrorSink sink;
-  sink.record = reinterpret_cast<int64_t*>(static_cast<uintptr_t>(record));
-  sink.seq = seq;
-  sink.op = static_cast<int>(op);
-  return sink;
-}
-}  // namespace rlkernel
-
 // error_record/error_seq/error_op: where bad ids are reported (the record's device address as an integer, so the
 // schema mutates no tensor argument and the op stays functional for autograd and torch.compile; 0 reports nothing).
 // `inplace_backward` and `requested` are autograd metadata: the kernel ignores them, the autograd formula registered
 // in Python reads them (in-place gradient; the backward's dispatch record carries the forward's request).
-TORCH_LIBRARY(rlkernel, m) {
+TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def(
       "logp_forward(Tensor logits, Tensor token_ids, float temperature, int ignore_index, bool compute_entropy, "
       "int error_record=0, int error_seq=0, int error_op=1, bool inplace_backward=False, str requested=\"fused\") "

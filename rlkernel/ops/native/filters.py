@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from rlkernel.ops.native.softmax import compute_dtype
+
 _M32 = 0xFFFFFFFF
 # Philox4x32-10 (Salmon et al., SC'11; the constants of Random123 and cuRAND)
 _PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 _PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def row_sum(x: torch.Tensor) -> torch.Tensor:

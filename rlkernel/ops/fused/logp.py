@@ -1,6 +1,6 @@
 """The fused CUDA backend of rlkernel.logp: fake kernels, autograd, and the call the dispatcher makes.
 
-The ops (registered in csrc/bindings.cpp, kernels in csrc/include/rlkernel/logp_kernels.cuh):
+The ops (registered in csrc/logp_op.cpp, kernels in csrc/include/rlkernel/logp_kernels.cuh):
 
 - ``torch.ops.rlkernel.logp_forward(logits[N, V], ids[N] int64, temperature, ignore_index, compute_entropy,
   error_record=0, error_seq=0, error_op=1, inplace_backward=False, requested="fused") -> (logp[N] f32,
@@ -15,16 +15,15 @@ Registration here happens once, after the extension loaded (the schemas live in 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rlkernel import _ext, dispatch, errors
+from rlkernel.ops import second_order
+from rlkernel.ops.rows import as_rows, eager_entry_ok, flat_ids, report_as_logp_call, row_grad
 
 _registered = False
 _FORWARD = None  # torch.ops.rlkernel.logp_forward.default once registered
-_EAGER = None  # rlkernel._C.logp_forward_eager: the same C++ without torch's op dispatcher (csrc/eager_entry.cpp)
-_dispatch_modes = torch._C._len_torch_dispatch_stack  # modes a direct call would skip
+_EAGER = None  # rlkernel._C.logp_forward_eager: the same C++ without torch's op dispatcher (csrc/python_module.cpp)
 
 
 def _fwd_fake(logits, token_ids, temperature, ignore_index, compute_entropy, error_record=0, error_seq=0,
@@ -53,13 +52,6 @@ def _setup_context(ctx, inputs, output):
     ctx.compute_entropy, ctx.inplace, ctx.requested = compute_entropy, inplace_backward, requested
 
 
-def _row_grad(g):
-    """A row gradient as float32 [N] with one stride (a view when possible; autograd often hands in expanded ones)."""
-    if g is None:
-        return None
-    return g.reshape(-1).to(torch.float32)
-
-
 _NO_GRADS = (None,) * 10  # one per input of logp_forward
 
 
@@ -72,6 +64,7 @@ def _tracing(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or is_fake(t)
 
 
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats):
     logits, ids, stats, entropy = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
@@ -80,7 +73,7 @@ def _backward(ctx, grad_logp, grad_entropy, grad_stats):
         return _NO_GRADS
     if not _tracing(logits):  # compiled: counted with the forward call (rlkernel.ops.logp)
         dispatch.record("logp.backward", ctx.requested, "fused", "fused")
-    args = (_row_grad(grad_logp), _row_grad(grad_entropy), logits, ids, stats, entropy, ctx.temperature,
+    args = (row_grad(grad_logp), row_grad(grad_entropy), logits, ids, stats, entropy, ctx.temperature,
             ctx.ignore_index)
     if ctx.inplace:
         torch.ops.rlkernel.logp_backward_inplace(*args)
@@ -106,42 +99,12 @@ def ensure_registered() -> None:
     _registered = True
 
 
-def as_rows(logits: torch.Tensor) -> torch.Tensor:
-    """``[..., V]`` as ``[N, V]`` with a contiguous last dim: a view when the leading dims collapse, else a copy."""
-    if logits.dim() == 2 and (logits.stride(1) == 1 or logits.shape[1] <= 1):
-        return logits  # already rows: the common case costs no reshape
-    n, v = math.prod(logits.shape[:-1]), logits.shape[-1]
-    rows = logits.reshape(n, v)
-    if v > 1 and rows.stride(1) != 1:
-        rows = rows.contiguous()
-    return rows
-
-
-def flat_ids(token_ids: torch.Tensor) -> torch.Tensor:
-    """The token ids as the kernels read them: int64 [N], contiguous (a view when they already are)."""
-    ids = token_ids.reshape(-1)
-    if ids.dtype != torch.int64:
-        ids = ids.to(torch.int64)
-    return ids if ids.is_contiguous() else ids.contiguous()
-
-
-def report_as_logp_call(logits: torch.Tensor, report_as):
-    """(where the kernels report bad values, raise after the call): a calling op's ``report_as`` as given (its
-    errors, its sequence number), else this call's own ``logp.forward`` entry in the device error record."""
-    if report_as is not None:
-        return report_as, False
-    address, seq, sync = errors.begin("logp.forward", logits.device, logits.shape[:-1], logits.shape[-1])
-    return (address, seq, errors.ERR_LOGP_BAD_ID), sync
-
-
-def eager_entry_ok(*tensors) -> bool:
-    """Whether an op may enter the extension directly (csrc/eager_entry.cpp), i.e. torch's dispatcher would add
-    nothing: no torch.compile trace, no tensor subclass or dispatch mode (fake tensors, FlopCounter, ...) that must
-    see the op. ``tensors``: the op's tensor arguments (None for an absent optional one). The caller rules out a
-    gradient to record."""
-    if torch.compiler.is_compiling() or _dispatch_modes():
-        return False
-    return all(t is None or type(t) is torch.Tensor for t in tensors)
+def forward_op():
+    """``torch.ops.rlkernel.logp_forward.default``, registered (raises rlkernel._ext.ExtensionNotBuilt): for callers
+    that run the forward kernel themselves, between their own GEMMs (rlkernel.ops.linear_logp_loss_chunks)."""
+    if not _registered:
+        ensure_registered()
+    return _FORWARD
 
 
 def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: float, ignore_index: int,
@@ -176,9 +139,3 @@ try:  # register as soon as the extension is there, so torch.compile and opcheck
 except _ext.ExtensionNotBuilt:
     pass
 
-
-def logp_processed_fused(logits, token_ids, **kwargs):
-    """rlkernel.ops.logp_processed_fused.logp_processed_fused (imported on first use: that module imports this one)."""
-    from rlkernel.ops.logp_processed_fused import logp_processed_fused as processed
-
-    return processed(logits, token_ids, **kwargs)

@@ -1,15 +1,15 @@
-// The Python module rlkernel._C: importing it loads this library, whose static TORCH_LIBRARY blocks register
-// torch.ops.rlkernel.*. Beside them, eager entries that skip torch's op dispatcher (schema parsing, the boxed call):
-// rlkernel's no-grad eager path calls these, torch.compile and autograd the registered ops; both run the same C++
-// (csrc/include/rlkernel/torch_ops.h), so the results are the same bits. About 20 us of a small call was torch's
-// custom-op call path (docs/benchmarks.md, issue 17).
+// The Python module rlkernel._C: importing it loads this library, whose static registration blocks (the library in
+// csrc/library.cpp, each op's fragment in its own file) register torch.ops.rlkernel.*. Beside them, eager entries
+// that skip torch's op dispatcher (schema parsing, the boxed call): rlkernel's no-grad eager path calls these,
+// torch.compile and autograd the registered ops; both run the same C++ (csrc/torch_ops.h), so the results are the
+// same bits. About 20 us of a small call was torch's custom-op call path (docs/benchmarks.md, issue 17).
 // BUILT_ARCHS: the sm_XX targets setup.py compiled for (comma-separated at build time).
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <string>
 
-#include "rlkernel/torch_ops.h"
+#include "torch_ops.h"
 
 #ifndef RLKERNEL_BUILT_ARCHS
 #define RLKERNEL_BUILT_ARCHS ""

@@ -1,5 +1,6 @@
-// The ops' C++ bodies that more than one entry calls: the registered torch op (csrc/bindings.cpp) and the eager
-// entry of the Python module (csrc/eager_entry.cpp), which skips torch's op dispatcher on the no-grad eager path.
+// The ops' C++ bodies that more than one entry calls: the registered torch op (csrc/logp_op.cpp, csrc/sampling_op.cpp)
+// and the eager entry of the Python module (csrc/python_module.cpp), which skips torch's op dispatcher on the no-grad
+// eager path. Torch-level, so it sits beside its includers in csrc/, not in the framework-free include/.
 #pragma once
 
 #include <ATen/core/Generator.h>

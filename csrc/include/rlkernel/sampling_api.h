@@ -1,11 +1,12 @@
-// Host-side interface of the fused sampler (csrc/sampling.cu). Plain C++: csrc/bindings.cpp
-// includes it without the CUDA compiler, and nothing here includes torch.
+// Host-side interface of the fused sampler (csrc/sampling.cu). Plain C++: csrc/sampling_op.cpp includes it without
+// the CUDA compiler, and nothing here includes torch (the kernels' sampling_common.cuh includes it too).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "rlkernel/logp_api.h"  // ElemType
+#include "rlkernel/common_api.h"  // ElemType
+#include "rlkernel/error_record.h"
 
 namespace rlkernel {
 

@@ -10,42 +10,26 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _row_stats(x: torch.Tensor):
-    """Log-sum-exp, log-probs and probabilities of each row of x (already divided by T)."""
-    lse = torch.logsumexp(x, dim=-1)
-    logp_all = x - lse.unsqueeze(-1)
-    p = logp_all.exp()
-    return lse, logp_all, p
-
-
-def _entropy(p: torch.Tensor, logp_all: torch.Tensor) -> torch.Tensor:
-    # p*log p is 0 where p is 0 (a -inf logit), NaN stays NaN (an all -inf or NaN row).
-    plogp = torch.where(p > 0, p * logp_all, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
-    return -plogp.sum(dim=-1)
+from rlkernel.ops import second_order
+from rlkernel.ops.native.softmax import compute_dtype, entropy, row_stats
 
 
 class _NativeLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, safe_ids, valid, bad, temperature, return_entropy, requested, status, reason):
-        x = logits.to(_compute_dtype(logits.dtype)) / temperature
+        x = logits.to(compute_dtype(logits.dtype)) / temperature
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         nan = torch.full((), float("nan"), dtype=x.dtype, device=x.device)
         if x.shape[-1] == 0:  # no token to gather: every row is ignored (0) or bad (NaN)
             out = torch.where(bad, nan, zero.expand(bad.shape))
             ent = out.clone() if return_entropy else None
         else:
-            lse, logp_all, p = _row_stats(x)
+            lse, logp_all, p = row_stats(x)
             out = torch.where(valid, logp_all.gather(-1, safe_ids.unsqueeze(-1)).squeeze(-1), zero)
             out = torch.where(bad, nan, out)
             ent = None
             if return_entropy:
-                ent = torch.where(valid, _entropy(p, logp_all), zero)
+                ent = torch.where(valid, entropy(p, logp_all), zero)
                 ent = torch.where(bad, nan, ent)
         ctx.save_for_backward(logits, safe_ids, valid)
         ctx.temperature = temperature
@@ -53,6 +37,7 @@ class _NativeLogp(torch.autograd.Function):
         return out, ent
 
     @staticmethod
+    @second_order.refused("logp.backward")
     def backward(ctx, grad_logp, grad_ent):
         logits, safe_ids, valid = ctx.saved_tensors
         requested, status, reason = ctx.record  # the backward runs the backend of its forward
@@ -62,23 +47,21 @@ class _NativeLogp(torch.autograd.Function):
             if logits.shape[-1] == 0:
                 return (torch.zeros_like(logits),) + (None,) * 8
             t = ctx.temperature
-            x = logits.to(_compute_dtype(logits.dtype)) / t
-            _, logp_all, p = _row_stats(x)
+            x = logits.to(compute_dtype(logits.dtype)) / t
+            _, logp_all, p = row_stats(x)
             mask = valid.to(x.dtype).unsqueeze(-1)
             grad = torch.zeros_like(x)
             if grad_logp is not None:
                 onehot = torch.zeros_like(x).scatter_(-1, safe_ids.unsqueeze(-1), 1.0)
                 grad = grad + grad_logp.to(x.dtype).unsqueeze(-1) * (onehot - p)
             if grad_ent is not None:
-                ent = _entropy(p, logp_all).unsqueeze(-1)
+                ent = entropy(p, logp_all).unsqueeze(-1)
                 # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
                 term = torch.where(p > 0, p * (logp_all + ent), torch.zeros_like(p))
                 grad = grad - grad_ent.to(x.dtype).unsqueeze(-1) * term
             # where, not a product: an ignored all -inf row has NaN terms and still gets no gradient
             grad = torch.where(mask > 0, grad / t, torch.zeros_like(grad)).to(logits.dtype)
         return grad, None, None, None, None, None, None, None, None
-
-
 
 
 def logp_native(logits, token_ids, *, temperature, ignore_index, return_entropy, requested="native",

@@ -22,11 +22,13 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _ext, errors
-from rlkernel.ops.logp_fused import as_rows, eager_entry_ok, logp_fused
+from rlkernel.ops.fused.logp import logp_fused
+from rlkernel.ops.fused.logp_processed import logp_processed_fused
+from rlkernel.ops.rows import as_rows, eager_entry_ok, int64_arg, split_setting
 
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
-_SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/eager_entry.cpp)
+_SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/python_module.cpp)
 
 
 def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0, min_p=0.0,
@@ -48,23 +50,6 @@ def ensure_registered() -> None:
     _registered = True
 
 
-def split_setting(value, default, dtype):
-    """(scalar for the op, per-row tensor or None) of one setting: a tensor goes per row ([N], contiguous, dtype)
-    and its scalar slot gets the (valid) default; a number goes as the scalar."""
-    if isinstance(value, torch.Tensor):
-        rows = value.reshape(-1)
-        if rows.dtype != dtype:
-            rows = rows.to(dtype)
-        return default, rows.contiguous()
-    return value, None
-
-
-def _int64(value: int) -> int:
-    """A Python int as the int64 the op carries (seeds are 64 random bits: 2^63 .. 2^64 - 1 wrap to negatives)."""
-    value = int(value) & 0xFFFFFFFFFFFFFFFF
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
 def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, generator=None, seed=None, offset=0,
                  return_logprobs=False):
     """Fused draw for validated CUDA logits; returns (ids int64 of shape logits.shape[:-1], float32 log-probs or
@@ -83,16 +68,14 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     s, s_rows = split_setting(seed, 0, torch.int64) if seeded else (0, None)
     o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
-    # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.logp_fused), else the
+    # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.rows), else the
     # registered op; the same C++ either way
     op = _SAMPLE_EAGER if eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows) else _SAMPLE
     ids = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
-             k_rows, p_rows, mp_rows, seeded, _int64(s), s_rows, _int64(o), o_rows).view(lead)
+             k_rows, p_rows, mp_rows, seeded, int64_arg(s), s_rows, int64_arg(o), o_rows).view(lead)
     lp = None
     report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
     if return_logprobs == "processed":
-        from rlkernel.ops.logp_processed_fused import logp_processed_fused
-
         # the processed forward itself (the sampler's own filter code: the same kept set), under this call's number
         with torch.no_grad():
             lp, _ = logp_processed_fused(logits, ids, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
@@ -105,8 +88,6 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
             if isinstance(temperature, torch.Tensor):
                 # per-row T: rlkernel.logp takes the processed kernel for any tensor setting; with no filter its law
                 # is the raw one, under each row's own T (T = 1 where T = 0, as for a number)
-                from rlkernel.ops.logp_processed_fused import logp_processed_fused
-
                 t_raw = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
                 lp, _ = logp_processed_fused(logits, ids, temperature=t_raw, top_k=0, top_p=1.0, min_p=0.0,
                                              ignore_index=-100, return_entropy=False, report_as=report_as)

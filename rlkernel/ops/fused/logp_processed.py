@@ -19,8 +19,8 @@ import contextlib
 import torch
 
 from rlkernel import _ext, dispatch, errors
-from rlkernel.ops.logp_fused import as_rows, flat_ids, report_as_logp_call
-from rlkernel.ops.sampling_fused import split_setting
+from rlkernel.ops import second_order
+from rlkernel.ops.rows import as_rows, flat_ids, report_as_logp_call, row_grad, split_setting
 
 _registered = False
 _FORWARD = None
@@ -51,10 +51,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(logits, ids, stats, threshold)
 
 
-def _row_grad(g):
-    return None if g is None else g.reshape(-1).to(torch.float32)
-
-
+@second_order.refused("logp.backward")
 def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_threshold):
     logits, ids, stats, threshold = ctx.saved_tensors
     if not ctx.compute_entropy or (grad_entropy is not None and grad_entropy.numel() == 0):
@@ -63,7 +60,7 @@ def _backward(ctx, grad_logp, grad_entropy, grad_stats, grad_threshold):
         return (None,) * _N_INPUTS
     if not torch.compiler.is_compiling():  # compiled: counted with the forward call (rlkernel.ops.logp)
         dispatch.record("logp.backward", ctx.requested, "fused", "fused")
-    grad = torch.ops.rlkernel.logp_processed_backward(_row_grad(grad_logp), _row_grad(grad_entropy), logits, ids,
+    grad = torch.ops.rlkernel.logp_processed_backward(row_grad(grad_logp), row_grad(grad_entropy), logits, ids,
                                                        stats, threshold, ctx.ignore_index)
     return (grad,) + (None,) * (_N_INPUTS - 1)
 
