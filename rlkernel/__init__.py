@@ -2,13 +2,15 @@
 
 Every op call leaves a dispatch record saying which path ran (see ``rlkernel.dispatch`` and
 ``docs/contracts.md``). The ops are imported on first use, so torch-free modules such as ``rlkernel.cli``
-(exit codes) can be imported without importing torch.
+(exit codes) can be imported without importing torch; so are the training phases (``rlkernel.phase``,
+``rlkernel.step``: NVTX ranges, contract 3), which import no torch at all.
 """
 import importlib
 
 __version__ = "0.1.0"
 __all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
-           "FallbackWarning", "linear_logp_loss", "fused_status", "__version__"]
+           "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "fused_status",
+           "__version__"]
 
 _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
          "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
@@ -16,6 +18,9 @@ _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.li
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),
          "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
          "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning"),
+         # torch-free: a process marks its phases without importing torch (rlkernel.phases)
+         "phase": ("rlkernel.phases", "phase"), "step": ("rlkernel.phases", "step"),
+         "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end"),
          # whether the fused path is available, where rlkernel._C came from, why not (builds nothing)
          "fused_status": ("rlkernel._ext", "fused_status")}
 

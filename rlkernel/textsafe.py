@@ -82,3 +82,29 @@ def visible(text: str) -> str:
         o = ord(c)
         out.append(c if c.isprintable() else chr(0x2400 + o) if o < 0x20 else "\u2421" if o == 0x7F else _escape(c))
     return "".join(out)
+
+
+# A value glued to its option: --opt=/abs/path, or a short option written as one word, -o/abs/path.
+_GLUED = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*=|-[A-Za-z])(/.*)", re.S)
+
+
+def _path_basename(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    return f"<path>/{parts[-1]}" if parts else path
+
+
+def scrub_argv(argv) -> list[str]:
+    """A command line (a list of arguments) with its absolute paths as ``<path>/<basename>``, argument by argument,
+    before it is ever joined: an argument that is a path is one path, spaces included (``/home/user name/venv/bin/
+    python`` -> ``<path>/python``), as is the value of ``--opt=/path`` and of a glued short option ``-o/path``;
+    any other argument has its path tokens scrubbed (``scrub_paths``)."""
+    out = []
+    for a in argv:
+        a = str(a)
+        if a.startswith("/"):
+            out.append(_path_basename(a))
+        elif (m := _GLUED.fullmatch(a)) is not None:
+            out.append(m.group(1) + _path_basename(m.group(2)))
+        else:
+            out.append(scrub_paths(a))
+    return out

@@ -11,7 +11,16 @@ from pathlib import Path
 import torch
 
 from rlkernel import env, workloads
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, OUTPUT_DIR_HINTS, CliError, OneLineParser, fail
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    OUTPUT_DIR_HINTS,
+    CliError,
+    OneLineParser,
+    check_env_flags,
+    fail,
+)
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
@@ -152,6 +161,7 @@ def config(args) -> SuiteConfig:
 
 def run(argv: list[str], command: str) -> int:
     args = parser().parse_args(argv)
+    check_env_flags()  # before any row: RLKERNEL_REQUIRE_FUSED=bogus would fail every row (issue 29 item 20)
     cfg = config(args)
     try:  # before the run, not after it: a long run must not end in an unwritable folder
         args.output_dir.mkdir(parents=True, exist_ok=True)
