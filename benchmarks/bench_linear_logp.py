@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     from rlkernel import _ext
 
     if _ext.unavailable_reason():
-        print(f"bench_linear_logp: {_ext.unavailable_reason()} (python setup.py build_ext --inplace)", file=sys.stderr)
+        print(f"bench_linear_logp: {_ext.unavailable_reason()} (python -m rlkernel.env says why)", file=sys.stderr)
         return 3
     dtype = getattr(torch, args.dtype)
     shapes = args.shapes or DEFAULT_SHAPES

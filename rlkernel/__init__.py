@@ -9,7 +9,8 @@ import importlib
 
 __version__ = "0.1.0"
 __all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
-           "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "__version__"]
+           "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "fused_status",
+           "__version__"]
 
 _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
          "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
@@ -19,7 +20,9 @@ _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.li
          "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning"),
          # torch-free: a process marks its phases without importing torch (rlkernel.phases)
          "phase": ("rlkernel.phases", "phase"), "step": ("rlkernel.phases", "step"),
-         "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end")}
+         "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end"),
+         # whether the fused path is available, where rlkernel._C came from, why not (builds nothing)
+         "fused_status": ("rlkernel._ext", "fused_status")}
 
 
 def __getattr__(name):

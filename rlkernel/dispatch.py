@@ -181,7 +181,9 @@ def _strict_for_trace() -> bool:  # read when torch.compile traces: a compiled g
 
 
 def fused_unavailable_reason(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the fused path of ``op`` cannot run for tensors on ``device`` of ``dtype``; None when it can."""
+    """Why the fused path of ``op`` cannot run for tensors on ``device`` of ``dtype``; None when it can. For CUDA
+    tensors the first such question loads the extension, building it into the cache first if it is nowhere yet
+    (``rlkernel._ext.ensure``): this is the call that needs it."""
     from rlkernel import _ext
 
     if device.type != "cuda":
@@ -238,5 +240,10 @@ def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dt
     rec, error = decision
     _count(rec)
     if error is not None:
-        raise FusedKernelUnavailable(error)
+        from rlkernel import _ext
+
+        # the typed extension error behind the reason is the cause: a failed build's names its log (the record
+        # and this message stay path-free)
+        cause = _ext.error()
+        raise FusedKernelUnavailable(error) from (cause if cause is not None and cause.reason == rec.reason else None)
     return rec
