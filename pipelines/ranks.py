@@ -242,13 +242,23 @@ def run_dask(address: str, jobs: list[RankJob]) -> list[RankPartial]:
         return client.gather(futures)
 
 
+# HOST: a name or IPv4 address (letters, digits, '.', '-', '_') or a bracketed IPv6 address; PORT: 1-65535
+_HOST_PORT_RE = re.compile(r"(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
 def executor_address(value: str) -> str | None:
-    """``local`` -> None; ``dask://HOST:PORT`` -> ``HOST:PORT``; anything else: RanksError."""
+    """``local`` -> None; ``dask://HOST:PORT`` -> ``HOST:PORT``; anything else: RanksError, at once (a port out of
+    range or a missing one would otherwise wait out the connect timeout, a second scheme give a traceback)."""
     if value == "local":
         return None
-    if value.startswith("dask://") and len(value) > len("dask://"):
-        return value[len("dask://"):]
-    raise RanksError(f"--executor {value}: give local or dask://HOST:PORT")
+    if not value.startswith("dask://"):
+        raise RanksError(f"--executor {value}: give local or dask://HOST:PORT")
+    address = value[len("dask://"):]
+    m = _HOST_PORT_RE.fullmatch(address)
+    if m is None or not 1 <= int(m.group("port")) <= 65535:
+        raise RanksError(f"--executor {value}: not an address of the form dask://HOST:PORT "
+                         "(a host name or IP address, and a port 1-65535)")
+    return address
 
 
 def run_jobs(jobs: list[RankJob], executor: str, workers: int | None) -> list[RankPartial]:
