@@ -14,7 +14,9 @@ import multiprocessing
 import os
 import pathlib
 import re
+import socket
 import tempfile
+import time
 
 import duckdb
 import pandas as pd
@@ -28,6 +30,9 @@ COMM_PATTERNS = ("nccl*",)
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _PID_MASK = 0xFFFFFF  # globalPid >> 24 keeps the hardware/VM ids above the pid's 24 bits
 CONNECT_TIMEOUT_S = 20  # how long --executor dask:// waits for the scheduler to answer
+HANDSHAKE_TIMEOUT_S = 5  # a Dask server sends its handshake as it accepts; a silent port gets this long
+WORKER_WAIT_S = 5  # a scheduler with no workers gets this long for one to join, then exit 3
+_HANDSHAKE_MAX = 1 << 20  # a Dask handshake is a few hundred bytes; b"HTTP/1.1" read as its length is 3.5e18
 
 
 class RanksError(Exception):
@@ -233,13 +238,59 @@ def run_dask(address: str, jobs: list[RankJob]) -> list[RankPartial]:
         raise ExecutorUnavailable("--executor dask://: dask.distributed is not installed "
                                   "(pip install 'rlkernel[dask]')") from None
     target = "tcp://" + address
+    probe_scheduler(address)
     try:
         client = Client(target, timeout=f"{CONNECT_TIMEOUT_S}s")
     except (OSError, TimeoutError) as e:
         raise ExecutorUnavailable(f"--executor dask://{address}: no scheduler answers there ({e})") from None
     with client:
+        try:
+            # a scheduler with no workers would take the jobs and wait for a worker forever, saying nothing
+            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        except TimeoutError:
+            raise ExecutorUnavailable(f"--executor dask://{address}: the scheduler has no workers (none joined in "
+                                      f"{WORKER_WAIT_S} s); start some with `dask worker tcp://{address}`") from None
         futures = client.map(analyze_rank, jobs, pure=False)
         return client.gather(futures)
+
+
+def probe_scheduler(address: str) -> None:
+    """ExecutorUnavailable unless something at ``address`` speaks first as a Dask server does: on accepting a
+    connection it writes its handshake, a message that starts with its length (8 bytes, little-endian). Checked
+    on a plain socket before Client() because Client waits on a silent port past its connect timeout, and reads
+    an HTTP reply's bytes as a length of exabytes (a MemoryError)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    where = f"--executor dask://{address}"
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except OSError as e:
+            # a refused connection is retried until the deadline, as Client does: a scheduler may be starting
+            if isinstance(e, ConnectionRefusedError) and time.monotonic() + 0.5 < deadline:
+                time.sleep(0.5)
+                continue
+            raise ExecutorUnavailable(f"{where}: no scheduler answers there ({e.strerror or e})") from None
+    with sock:
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        head = b""
+        try:
+            while len(head) < 8:
+                got = sock.recv(8 - len(head))
+                if not got:
+                    break
+                head += got
+        except OSError:  # socket.timeout included
+            pass
+    if len(head) < 8:
+        raise ExecutorUnavailable(f"{where}: the port accepts connections but does not speak Dask's protocol "
+                                  f"(no handshake in {HANDSHAKE_TIMEOUT_S} s); is it a Dask scheduler's address?")
+    size = int.from_bytes(head, "little")
+    if size > _HANDSHAKE_MAX:
+        raise ExecutorUnavailable(f"{where}: not a Dask scheduler (its first bytes {head!r} are no Dask "
+                                  "handshake)")
 
 
 # HOST: a name or IPv4 address (letters, digits, '.', '-', '_') or a bracketed IPv6 address; PORT: 1-65535
