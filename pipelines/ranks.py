@@ -9,13 +9,17 @@ A rank is one export, or one process of a multi-process export. Its analysis is 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import multiprocessing
 import os
 import pathlib
 import re
+import signal
 import socket
+import sys
 import tempfile
+import threading
 import time
 
 import duckdb
@@ -220,8 +224,37 @@ def run_local(jobs: list[RankJob], workers: int | None = None) -> list[RankParti
     if n == 1:
         return [analyze_rank(j) for j in jobs]
     # spawn, not fork: DuckDB's threads in this process must not be copied mid-state into the children
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         return list(pool.map(analyze_rank, jobs))
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """A pool worker's initializer: end this process when ``parent`` dies. A worker of a parent killed with -9
+    otherwise waits forever on the job queue, whose write end it holds itself (and keeps the resource tracker
+    alive through its pipe). On Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a thread
+    polls the parent's pid. A parent gone before this ran is caught by the check after it."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            _poll_parent(parent)
+    else:
+        _poll_parent(parent)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _poll_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, name="rlkernel-parent-watch", daemon=True).start()
 
 
 class ExecutorUnavailable(Exception):
