@@ -80,6 +80,11 @@ def _entries(folder: pathlib.Path) -> list[pathlib.Path]:
         items = sorted(folder.iterdir(), key=lambda p: p.name)
     except OSError as e:
         raise RanksError(f"{folder}: cannot read it ({e.strerror or e})") from None
+    for p in items:
+        # a link whose target is gone may have been a rank: dropping it would pass --require-fused without it
+        if not p.name.startswith(".") and p.is_symlink() and not p.exists():
+            raise RanksError(f"{p}: a dangling symlink (its target {os.readlink(p)} does not exist); it may be a "
+                             "rank: restore its target or remove the link")
     return [p for p in items if not p.name.startswith(".") and
             ((p.is_file() and p.suffix == ".sqlite") or (p.is_dir() and (p / "trace.sqlite").is_file()))]
 
