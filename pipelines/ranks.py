@@ -119,12 +119,19 @@ def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
         parts = [f"SELECT deviceId, globalPid >> 24 AS proc FROM sqlite_scan(?, '{t}')"  # t: a constant below
                  for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
                  if t in present]
-        rows = con.execute(f"SELECT min(deviceId), proc FROM ({' UNION ALL '.join(parts)}) GROUP BY proc",
+        union = " UNION ALL ".join(parts)
+        rows = con.execute(f"SELECT min(deviceId), proc FROM ({union}) GROUP BY proc",
                            [p] * len(parts)).fetchall() if parts else []
+        nulls = con.execute(f"SELECT count(*) FILTER (WHERE proc IS NULL), count(*) FILTER (WHERE deviceId IS NULL) "
+                            f"FROM ({union})", [p] * len(parts)).fetchone() if parts else (0, 0)
     except duckdb.Error as e:
         raise trace_db.TraceError(f"{trace}: cannot read as SQLite ({trace_db.first_line(e)})") from None
     finally:
         con.close()
+    for n, col in zip(nulls, ("globalPid", "deviceId"), strict=True):
+        if n:  # nsys writes both for every GPU operation; without them no process or device owns the operation
+            raise trace_db.TraceError(f"{trace}: {n} GPU operations with a NULL {col}, not an export nsys writes "
+                                      "(the split by process needs it)")
     return sorted((int(d), int(proc)) for d, proc in rows)
 
 
