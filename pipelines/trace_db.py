@@ -156,6 +156,12 @@ class Trace:
             raise TraceError(f"{self.path}: not an nsys export (no {', '.join(missing or NSYS_MARKERS)} table)")
         for table, cols in SCHEMA.items():
             self._copy(table, cols, table in present)
+        # every name join (kernel, range, domain) matches one row per id: a repeated id would multiply instances
+        dup = self.con.execute("SELECT id, count(*) FROM src_StringIds WHERE id IS NOT NULL GROUP BY id "
+                               "HAVING count(*) > 1 ORDER BY id LIMIT 1").fetchone()
+        if dup is not None:
+            raise TraceError(f"{self.path}: StringIds holds id {dup[0]} more than once ({dup[1]} rows), not an "
+                             "export nsys writes (its id is the table's primary key)")
 
     def _copy(self, table: str, cols: dict[str, str], present: bool) -> None:
         p = str(self.scan)
