@@ -217,7 +217,7 @@ def analyze_rank(job: RankJob) -> RankPartial:
         rows = {name: len(df) for name, df in frames.items()}
         rows["cross_rank"] = con.execute("SELECT count(*) FROM rank_partial").fetchone()[0]
     con.close()
-    info = {"rank": spec.rank, "source": spec.label,
+    info = {"rank": spec.rank, "source": spec.label, "trace": str(spec.source.trace),
             "pid": spec.proc & _PID_MASK if spec.proc is not None else None, "device": spec.device,
             "session_start_ns": int(start) if start is not None else None, "counts": dict(res.counts),
             "patterns": list(res.patterns), "failures": analysis.failures(res), "meta": res.meta,
