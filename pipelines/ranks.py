@@ -252,7 +252,9 @@ def die_with_parent(parent: int) -> None:
     """A pool worker's initializer: end this process when ``parent`` dies. A worker of a parent killed with -9
     otherwise waits forever on the job queue, whose write end it holds itself (and keeps the resource tracker
     alive through its pipe). On Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a thread
-    polls the parent's pid. A parent gone before this ran is caught by the check after it."""
+    polls the parent's pid. A parent gone before this ran is caught by the check after it. (The kernel signals
+    when the *thread* that started the worker ends: a spawn-context ProcessPoolExecutor starts its workers in
+    submit(), so in run_local's own thread, which outlives them.)"""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)

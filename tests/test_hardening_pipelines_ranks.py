@@ -235,8 +235,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _maps_duckdb(pid: int) -> bool:
+    try:
+        return "duckdb" in pathlib.Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_item14_pool_workers_die_with_a_killed_parent(tmp_path):
+@pytest.mark.parametrize("when", ["starting", "running"])
+def test_item14_pool_workers_die_with_a_killed_parent(tmp_path, when):
+    """kill -9 of analyze while its workers start (before their initializer could run) and while they analyse."""
     d = rank_folder(tmp_path, 3)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.analyze", "--ranks", str(d), "--jobs", "2", "--out",
@@ -250,6 +259,12 @@ def test_item14_pool_workers_die_with_a_killed_parent(tmp_path):
             kids = _children(proc.pid)
             time.sleep(0.02)
         assert len(kids) >= 2, f"the pool did not start before the run ended (children {kids})"
+        if when == "running":  # both workers have imported the analyzer (DuckDB mapped): past the initializer
+            while time.monotonic() < deadline and proc.poll() is None and \
+                    sum(_maps_duckdb(k) for k in kids) < 2:
+                time.sleep(0.02)
+            time.sleep(0.3)
+        assert proc.poll() is None, "the run ended before the kill"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
