@@ -9,8 +9,9 @@ Input preparation (a strided hidden's copy, ids as int64, the ignore mask) runs 
 Float32 logits (``Spec.logits32``, 16-bit inputs): fused, the [chunk, V] buffer is float32, written by aten's
 float32-output GEMM (``blas.float32_logits``), the logp kernels run on it as float32 logits and write the float32
 gradient over it, which ``rlkernel_linear_logp_cast_kernel`` rounds once into a 16-bit [chunk, V] buffer for the dH /
-dW / db GEMMs (16-bit operands, float32 accumulation); native, the chunk's linear runs on ``hidden.float()`` and
-``weight.float()`` (autograd back through the casts: float32 gradient GEMMs, no rounding of the gradient).
+dW / db GEMMs (16-bit operands, float32 accumulation); native, the chunk's linear runs on float32 copies of
+hidden's chunk, weight and bias (float32 leaves: float32 gradient GEMMs, dW summed in float32, no rounding of the
+gradient before the output).
 """
 from __future__ import annotations
 
@@ -180,19 +181,18 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         with op_range(RANGE):
             errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad, ids)
         errors.after_call(h.device, sync)
-    w = weight.detach().requires_grad_(need_w)
-    b = bias.detach().requires_grad_(need_b) if bias is not None else None
+    # float32 logits: float32 leaves (one upcast copy of weight), so each chunk's gradients stay float32 until dW
+    up = (lambda t: t.float()) if spec.logits32 else (lambda t: t)  # noqa: E731
+    w = up(weight.detach()).requires_grad_(need_w)
+    b = up(bias.detach()).requires_grad_(need_b) if bias is not None else None
     total = torch.zeros((), dtype=cdtype, device=h.device)
     c = max(1, min(spec.chunk, n))
     for s in range(0, n, c):
         e = min(n, s + c)
         with op_range(RANGE), torch.enable_grad():
-            hc = h[s:e].detach().requires_grad_(need_h)
-            if spec.logits32:  # float32 logits: the linear on upcast operands
-                z = torch.nn.functional.linear(hc.float(), w.float(), None if b is None else b.float())
-            else:
-                z = torch.nn.functional.linear(hc, w, b)
-            logp, ent = _native_logp(z, safe[s:e], valid[s:e], bad[s:e], spec.temperature, cdtype)
+            hc = up(h[s:e].detach()).requires_grad_(need_h)
+            logp, ent = _native_logp(torch.nn.functional.linear(hc, w, b), safe[s:e], valid[s:e], bad[s:e],
+                                     spec.temperature, cdtype)
         loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
         total.add_(loss)
         if need_grad:
