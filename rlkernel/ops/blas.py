@@ -88,18 +88,19 @@ def float32_logits(h: torch.Tensor, w_t: torch.Tensor, bias, out: torch.Tensor, 
     return out if bias is None else out.add_(bias)
 
 
-def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype,
-            logits32: bool, batch_invariant: bool = False) -> dispatch.Dispatch:
-    """``dispatch.resolve`` of a linear op; with float32 logits of 16-bit inputs the fused path also needs the
-    float32-output GEMM, and where this torch lacks it the call is recorded ``fallback`` (``blocked`` and
-    ``FusedKernelUnavailable`` where the fused path is demanded) with that reason, as for any missing piece."""
+def float32_fallback(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype,
+                     batch_invariant: bool = False):
+    """The dispatch record of a float32-logits call of 16-bit inputs whose fused path would lack the float32-output
+    GEMM (this torch refuses it): recorded ``fallback`` to native with that reason (``blocked`` and
+    ``FusedKernelUnavailable`` where the fused path is demanded), as for any missing piece; None when nothing is
+    missing (the caller then takes ``dispatch.resolve`` as usual)."""
     wants_fused = backend in ("auto", "fused") and device.type == "cuda" and not torch.compiler.is_compiling()
-    if logits32 and dtype in SIXTEEN_BIT and wants_fused and dispatch.fused_unavailable_reason(op, device,
-                                                                                               dtype) is None:
-        reason, _ = float32_output_gemm(device, dtype, batch_invariant)
-        if reason is not None:
-            if backend == "fused" or require_fused or dispatch.strict_from_env():
-                dispatch.record(op, backend, "none", "blocked", reason)
-                raise dispatch.FusedKernelUnavailable(f"{op}: fused path required but unavailable: {reason}")
-            return dispatch.record(op, backend, "native", "fallback", reason)
-    return dispatch.resolve(op, backend, require_fused, device, dtype)
+    if not (dtype in SIXTEEN_BIT and wants_fused and dispatch.fused_unavailable_reason(op, device, dtype) is None):
+        return None
+    reason, _ = float32_output_gemm(device, dtype, batch_invariant)
+    if reason is None:
+        return None
+    if backend == "fused" or require_fused or dispatch.strict_from_env():
+        dispatch.record(op, backend, "none", "blocked", reason)
+        raise dispatch.FusedKernelUnavailable(f"{op}: fused path required but unavailable: {reason}")
+    return dispatch.record(op, backend, "native", "fallback", reason)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rlkernel import dispatch
 from rlkernel.ops import blas
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
@@ -38,7 +39,8 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     logits32 = check_logits_dtype(logits_dtype)
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = blas.resolve(OP, backend, require_fused, hidden.device, hidden.dtype, logits32, batch_invariant)
+    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype, batch_invariant)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     kwargs = dict(bias=bias, temperature=float(temperature), ignore_index=int(ignore_index),
                   return_entropy=bool(return_entropy), batch_invariant=batch_invariant, requested=backend,
                   logits32=logits32)

@@ -16,6 +16,7 @@ import numbers
 
 import torch
 
+from rlkernel import dispatch
 from rlkernel.ops import blas, second_order
 from rlkernel.ops import linear_logp_loss_chunks as chunks
 from rlkernel.validate import check_linear_args, check_logits_dtype
@@ -97,7 +98,8 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     logits32 = check_logits_dtype(logits_dtype)
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = blas.resolve(OP, backend, require_fused, hidden.device, hidden.dtype, logits32)
+    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
     spec = chunks.Spec(loss_fn=loss_fn, temperature=float(temperature), ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,

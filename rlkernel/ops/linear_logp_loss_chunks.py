@@ -105,7 +105,7 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     bias_mode = None
     if spec.logits32:
         reason, bias_mode = float32_output_gemm(h.device, h.dtype)
-        if reason is not None:  # blas.resolve records this as a fallback before the fused path is chosen
+        if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
             raise RuntimeError(f"{OP}: float32 logits unavailable: {reason}")
     buf = torch.empty((c, vocab), dtype=torch.float32 if spec.logits32 else h.dtype, device=h.device)  # the workspace
     # float32 logits: their gradient rounded once to the inputs' dtype, the operand of the dH / dW / db GEMMs

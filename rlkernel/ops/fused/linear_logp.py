@@ -164,7 +164,7 @@ def _tile_setup(rows2d, batch_invariant, logits32):
     if not logits32:
         return rows2d.dtype, None
     reason, bias_mode = float32_output_gemm(rows2d.device, rows2d.dtype, batch_invariant)
-    if reason is not None:  # rlkernel.ops.blas.resolve records this as a fallback before the fused path is chosen
+    if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
         raise RuntimeError(f"linear_logp: float32 logits unavailable: {reason}")
     return torch.float32, bias_mode
 
