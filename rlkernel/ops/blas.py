@@ -62,7 +62,7 @@ def float32_output_gemm(device: torch.device, dtype: torch.dtype, batch_invarian
     if found is None:
         a = torch.empty(2, 2, dtype=dtype, device=device)
         out = torch.empty(2, 2, dtype=torch.float32, device=device)
-        refused = (RuntimeError, TypeError, NotImplementedError)
+        refused = (RuntimeError, TypeError, NotImplementedError, AttributeError)  # AttributeError: no such overload
         with batch_invariant_blas(dtype, device, batch_invariant):
             try:
                 torch.ops.aten.mm.dtype_out(a, a, torch.float32, out=out)
