@@ -110,3 +110,15 @@ def test_head_reasons_name_the_dtypes_and_sharding():
     zero3 = torch.nn.Parameter(w.clone())
     zero3.ds_id = 0  # what DeepSpeed ZeRO-3 sets on a partitioned parameter
     assert "ZeRO-3" in _head.unsupported_reason(h, zero3, None)
+
+
+def test_the_adapters_are_reached_from_a_plain_import_rlkernel_without_importing_the_frameworks():
+    import subprocess
+    import sys
+
+    code = ("import sys, rlkernel; a = rlkernel.integrations.trl.apply; b = rlkernel.integrations.transformers.apply; "
+            "assert 'trl' not in sys.modules and 'transformers' not in sys.modules; "
+            "import rlkernel.integrations as i\n"
+            "try:\n    i.nope\nexcept AttributeError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "has no attribute 'nope'" in out

@@ -11,6 +11,15 @@ Each ``apply`` returns a ``Patch`` (``undo()``, or use it as a context manager),
 the framework's own code with a dispatch record saying why (``rlkernel.dispatch.framework_fallback``,
 docs/contracts.md section 2). The framework modules are imported only by their own integration.
 """
+import importlib
+
 from rlkernel.integrations._patch import Patch, UnsupportedVersionError
 
-__all__ = ["Patch", "UnsupportedVersionError"]
+__all__ = ["Patch", "UnsupportedVersionError", "transformers", "trl"]
+_FRAMEWORKS = ("transformers", "trl")
+
+
+def __getattr__(name):  # rlkernel.integrations.trl.apply() after a plain `import rlkernel`
+    if name not in _FRAMEWORKS:
+        raise AttributeError(f"module 'rlkernel.integrations' has no attribute {name!r}")
+    return importlib.import_module(f"rlkernel.integrations.{name}")
