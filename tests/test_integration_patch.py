@@ -25,7 +25,7 @@ def _owner():
 
 def test_patch_replaces_and_undo_restores_once():
     mod = _owner()
-    p = _patch.Patch("x", mod, "entry", "ours", {})
+    p = _patch.Patch("x", [(mod, "entry", "ours")], {})
     assert mod.entry == "ours" and p.active
     p.undo()
     assert mod.entry == "original" and not p.active
@@ -35,14 +35,27 @@ def test_patch_replaces_and_undo_restores_once():
 
 def test_patch_is_a_context_manager_and_deletes_an_attribute_that_was_not_there():
     obj = types.SimpleNamespace()
-    with _patch.Patch("x", obj, "forward", "ours", {}) as p:
+    with _patch.Patch("x", [(obj, "forward", "ours")], {}) as p:
         assert obj.forward == "ours"
     assert not hasattr(obj, "forward") and not p.active
 
 
+def test_a_patch_of_several_attributes_undoes_all_or_none():
+    a, b = _owner(), _owner()
+    p = _patch.Patch("x", [(a, "entry", "ours-a"), (b, "entry", "ours-b")], {})
+    assert (a.entry, b.entry) == ("ours-a", "ours-b")
+    b.entry = "later"
+    with pytest.raises(RuntimeError):
+        p.undo()
+    assert (a.entry, b.entry) == ("ours-a", "later")  # nothing restored halfway
+    b.entry = "ours-b"
+    p.undo()
+    assert (a.entry, b.entry) == ("original", "original")
+
+
 def test_undo_refuses_to_drop_a_later_patch():
     mod = _owner()
-    p = _patch.Patch("x", mod, "entry", "ours", {})
+    p = _patch.Patch("x", [(mod, "entry", "ours")], {})
     mod.entry = "someone else's"
     with pytest.raises(RuntimeError, match="replaced again after this patch"):
         p.undo()
@@ -50,7 +63,7 @@ def test_undo_refuses_to_drop_a_later_patch():
 
 
 def test_reuse_returns_the_active_patch_and_refuses_other_options():
-    p = _patch.Patch("x", _owner(), "entry", "ours", {"backend": "auto"})
+    p = _patch.Patch("x", [(_owner(), "entry", "ours")], {"backend": "auto"})
     assert _patch.reuse(p, "x", {"backend": "auto"}) is p
     with pytest.raises(ValueError, match="already applied"):
         _patch.reuse(p, "x", {"backend": "native"})

@@ -5,6 +5,8 @@
   ``rlkernel.linear_logp``), never holding the N x V logits.
 - ``rlkernel.integrations.trl.apply()``: TRL's fused LM head (``GRPOTrainer`` and the other ``add_fused_lm_head``
   trainers) runs ``rlkernel.linear_logp``.
+- ``rlkernel.integrations.openrlhf.apply()``: OpenRLHF's ``log_probs_from_logits`` / ``compute_entropy`` run
+  ``rlkernel.logp``.
 
 Each ``apply`` returns a ``Patch`` (``undo()``, or use it as a context manager), is idempotent, and raises
 ``UnsupportedVersionError`` for a framework version it does not support. What rlkernel cannot compute goes back to
@@ -15,8 +17,8 @@ import importlib
 
 from rlkernel.integrations._patch import Patch, UnsupportedVersionError
 
-__all__ = ["Patch", "UnsupportedVersionError", "transformers", "trl"]
-_FRAMEWORKS = ("transformers", "trl")
+__all__ = ["Patch", "UnsupportedVersionError", "openrlhf", "transformers", "trl"]
+_FRAMEWORKS = ("openrlhf", "transformers", "trl")
 
 
 def __getattr__(name):  # rlkernel.integrations.trl.apply() after a plain `import rlkernel`

@@ -1,6 +1,6 @@
 """The patch handle every ``rlkernel.integrations`` module returns, and the one version check they share.
 
-A patch replaces one attribute (a module global, a class method, a model's ``forward``) and ``undo()`` puts back
+A patch replaces attributes (a module global, a class method, a model's ``forward``) and ``undo()`` puts back
 exactly what was there. Patching the framework's own entry point, not the submodules around a wrapper, keeps DDP,
 FSDP and ZeRO hooks in the call path: the wrapper still calls the patched code.
 """
@@ -34,33 +34,31 @@ def check_version(integration: str, framework: str, version: str, minimum: tuple
 
 
 class Patch:
-    """One applied patch: ``undo()`` restores the patched attribute (a second undo does nothing); also a context
-    manager (``with apply(...):`` undoes on exit)."""
+    """One applied patch: ``targets`` ``[(owner, attr, new)]`` are replaced together, and ``undo()`` restores each
+    (a second undo does nothing); also a context manager (``with apply(...):`` undoes on exit)."""
 
-    def __init__(self, name: str, owner, attr: str, new, options: dict, on_undo: Callable[[], None] | None = None):
+    def __init__(self, name: str, targets: list, options: dict, on_undo: Callable[[], None] | None = None):
         self.name = name
         self.options = dict(options)
-        self._owner, self._attr, self._new, self._on_undo = owner, attr, new, on_undo
+        self._on_undo = on_undo
         # an instance attribute that was not there (a model's forward comes from its class) is deleted on undo
-        self._previous = vars(owner).get(attr, _MISSING)
-        setattr(owner, attr, new)
+        self._targets = [(owner, attr, new, vars(owner).get(attr, _MISSING)) for owner, attr, new in targets]
+        for owner, attr, new, _ in self._targets:
+            setattr(owner, attr, new)
         self.active = True
-
-    @property
-    def replacement(self):
-        return self._new
 
     def undo(self) -> None:
         if not self.active:
             return
-        current = vars(self._owner).get(self._attr, _MISSING)
-        if current is not self._new:
-            raise RuntimeError(f"{self.name}: cannot undo, {self._attr} was replaced again after this patch "
-                               f"(undo the later patch first)")
-        if self._previous is _MISSING:
-            delattr(self._owner, self._attr)
-        else:
-            setattr(self._owner, self._attr, self._previous)
+        for owner, attr, new, _ in self._targets:
+            if vars(owner).get(attr, _MISSING) is not new:
+                raise RuntimeError(f"{self.name}: cannot undo, {attr} was replaced again after this patch "
+                                   f"(undo the later patch first)")
+        for owner, attr, _, previous in reversed(self._targets):
+            if previous is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, previous)
         self.active = False
         if self._on_undo is not None:
             self._on_undo()
@@ -73,6 +71,17 @@ class Patch:
 
     def __repr__(self) -> str:
         return f"<rlkernel patch {self.name} ({'active' if self.active else 'undone'})>"
+
+
+def check_options(backend: str, require_fused: bool) -> None:
+    """The rlkernel ops' rules for ``backend`` / ``require_fused``, checked when a patch is applied, not at its
+    first call."""
+    from rlkernel.dispatch import BACKENDS
+
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "native" and require_fused:
+        raise ValueError('backend="native" contradicts require_fused=True')
 
 
 def reuse(existing: Patch | None, name: str, options: dict) -> Patch | None:

@@ -34,7 +34,7 @@ import torch
 import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head
-from rlkernel.integrations._patch import Patch, check_version, reuse
+from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
 
 OP = "integrations.transformers"
 MINIMUM, BELOW = (5, 0), (6, 0)
@@ -233,12 +233,9 @@ def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_si
         raise TypeError(f"rlkernel.integrations.transformers.apply: {type(model).__name__}.forward is already "
                         "replaced on this model (another patch, e.g. TRL's add_fused_lm_head: use "
                         "rlkernel.integrations.trl for TRL trainers)")
-    if backend not in dispatch.BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(dispatch.BACKENDS)}, got {backend!r}")
-    if backend == "native" and require_fused:
-        raise ValueError('backend="native" contradicts require_fused=True')
-    patch = Patch("rlkernel.integrations.transformers", model, "forward",
-                  _make_forward(model, options).__get__(model), options,
+    check_options(backend, require_fused)
+    forward = _make_forward(model, options).__get__(model)
+    patch = Patch("rlkernel.integrations.transformers", [(model, "forward", forward)], options,
                   on_undo=lambda: vars(model).pop(_MARK, None))
     vars(model)[_MARK] = patch
     return patch

@@ -21,7 +21,7 @@ from __future__ import annotations
 import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head
-from rlkernel.integrations._patch import Patch, UnsupportedVersionError, check_version, reuse
+from rlkernel.integrations._patch import Patch, UnsupportedVersionError, check_options, check_version, reuse
 
 OP = "integrations.trl"
 MINIMUM, BELOW = (1, 16), (2, 0)
@@ -83,10 +83,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
         existing = reuse(current.patch, "rlkernel.integrations.trl", options)
         if existing is not None:
             return existing
-    if backend not in dispatch.BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(dispatch.BACKENDS)}, got {backend!r}")
-    if backend == "native" and require_fused:
-        raise ValueError('backend="native" contradicts require_fused=True')
+    check_options(backend, require_fused)
     head = RlkernelHead(current, backend, bool(require_fused))
-    head.patch = Patch("rlkernel.integrations.trl", trl_utils, "_ChunkedLogProbFunction", head, options)
+    head.patch = Patch("rlkernel.integrations.trl", [(trl_utils, "_ChunkedLogProbFunction", head)], options)
     return head.patch
