@@ -129,8 +129,9 @@ def test_the_adapters_are_reached_from_a_plain_import_rlkernel_without_importing
     import subprocess
     import sys
 
-    code = ("import sys, rlkernel; a = rlkernel.integrations.trl.apply; b = rlkernel.integrations.transformers.apply; "
-            "assert 'trl' not in sys.modules and 'transformers' not in sys.modules; "
+    code = ("import sys, rlkernel; i = rlkernel.integrations\n"
+            "fns = [i.trl.apply, i.transformers.apply, i.openrlhf.apply, i.verl.apply]\n"
+            "assert not {'trl', 'transformers', 'openrlhf', 'verl'} & set(sys.modules)\n"
             "import rlkernel.integrations as i\n"
             "try:\n    i.nope\nexcept AttributeError as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

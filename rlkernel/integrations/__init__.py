@@ -7,6 +7,8 @@
   trainers) runs ``rlkernel.linear_logp``.
 - ``rlkernel.integrations.openrlhf.apply()``: OpenRLHF's ``log_probs_from_logits`` / ``compute_entropy`` run
   ``rlkernel.logp``.
+- ``rlkernel.integrations.verl.apply()``: verl's ``linear_cross_entropy`` (its ``use_fused_kernels`` head) runs
+  ``rlkernel.linear_logp``, its ``logprobs_from_logits`` / ``entropy_from_logits`` ``rlkernel.logp``.
 
 Each ``apply`` returns a ``Patch`` (``undo()``, or use it as a context manager), is idempotent, and raises
 ``UnsupportedVersionError`` for a framework version it does not support. What rlkernel cannot compute goes back to
@@ -17,8 +19,8 @@ import importlib
 
 from rlkernel.integrations._patch import Patch, UnsupportedVersionError
 
-__all__ = ["Patch", "UnsupportedVersionError", "openrlhf", "transformers", "trl"]
-_FRAMEWORKS = ("openrlhf", "transformers", "trl")
+__all__ = ["Patch", "UnsupportedVersionError", "openrlhf", "transformers", "trl", "verl"]
+_FRAMEWORKS = ("openrlhf", "transformers", "trl", "verl")
 
 
 def __getattr__(name):  # rlkernel.integrations.trl.apply() after a plain `import rlkernel`
