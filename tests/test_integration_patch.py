@@ -120,6 +120,8 @@ def test_head_reasons_name_the_dtypes_and_sharding():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert "compute bfloat16" in _head.unsupported_reason(h, w, None)
         assert _head.unsupported_reason(h.bfloat16(), w.bfloat16(), torch.zeros(5, dtype=torch.bfloat16)) is None
+    assert _head.unsupported_reason(h, w.to("meta"), None) == (
+        "hidden states on cpu, the LM head on meta (a model split across devices)")
     zero3 = torch.nn.Parameter(w.clone())
     zero3.ds_id = 0  # what DeepSpeed ZeRO-3 sets on a partitioned parameter
     assert "ZeRO-3" in _head.unsupported_reason(h, zero3, None)

@@ -33,6 +33,8 @@ def unsupported_reason(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
         if hasattr(t, "ds_id"):
             # linear_logp's backward recomputes from the saved weight, outside the framework's gather
             return f"the LM head {what} is a DeepSpeed ZeRO-3 parameter: sharded weights are not supported"
+    if weight.device != hidden.device or (bias is not None and bias.device != hidden.device):
+        return f"hidden states on {hidden.device}, the LM head on {weight.device} (a model split across devices)"
     dtypes = {"hidden": hidden.dtype, "weight": weight.dtype} | ({"bias": bias.dtype} if bias is not None else {})
     compute = compute_dtype(hidden)
     if any(d != compute for d in dtypes.values()):

@@ -20,7 +20,8 @@ model's own: the op reads ``lm_head.weight`` / ``lm_head.bias`` as they are, so 
 exactly as in the model's logits. Families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 (text), and subclasses.
 Back to the model's own forward, with the reason recorded (``integrations.transformers`` fallback):
 ``final_logit_softcapping`` (Gemma 2's default, 30), mixed dtypes or an autocast dtype other than the weights',
-a DTensor / ZeRO-3 head, an ``lm_head`` that is not a plain ``nn.Linear`` or has hooks, a custom
+a DTensor / ZeRO-3 head, a head on another device than the backbone's output (``device_map``), an ``lm_head``
+that is not a plain ``nn.Linear`` or has hooks, a custom
 ``loss_function``, ``logits_to_keep`` with labels.
 """
 from __future__ import annotations
