@@ -21,6 +21,10 @@ OPS = ("logp.forward", "logp.backward", "sample", "linear_logp.forward", "linear
        "linear_logp_loss")
 BACKENDS = ("auto", "fused", "native")
 STATUSES = ("native", "fused", "fallback", "blocked")
+# rlkernel.integrations: a call sent back to a framework's own code is recorded under the integration's op name
+# (``integrations.trl``, ...) with this backend, never as an rlkernel op that did not run.
+INTEGRATION_PREFIX = "integrations."
+FRAMEWORK = "framework"
 _SEVERITY = {"native": 0, "fused": 1, "fallback": 2, "blocked": 3}
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -107,9 +111,28 @@ def _count(rec: Dispatch) -> Dispatch:
         if first_warning:
             _warned.add((rec.op, rec.reason))
     if first_warning:
-        warnings.warn(f"rlkernel {rec.op}: fused path unavailable ({rec.reason}); running native", FallbackWarning,
+        ran = "the framework's own code" if rec.backend == FRAMEWORK else "native"
+        warnings.warn(f"rlkernel {rec.op}: fused path unavailable ({rec.reason}); running {ran}", FallbackWarning,
                       stacklevel=4)
     return rec
+
+
+def framework_fallback(op: str, reason: str, *, backend: str = "auto", require_fused: bool = False) -> Dispatch:
+    """An integration (``rlkernel.integrations``) sends one call back to the framework's own code: record it as
+    ``Dispatch(op, backend, "framework", "fallback", reason)``, or, when the fused path is demanded
+    (``backend="fused"``, ``require_fused``, RLKERNEL_REQUIRE_FUSED=1), as ``blocked`` and raise
+    FusedKernelUnavailable. ``op`` names the integration (``integrations.<framework>``), ``reason`` what rlkernel
+    cannot compute."""
+    if not (isinstance(op, str) and op.startswith(INTEGRATION_PREFIX) and len(op) > len(INTEGRATION_PREFIX)):
+        raise ValueError(f"framework_fallback: op must be '{INTEGRATION_PREFIX}<framework>', got {op!r}")
+    if not (isinstance(reason, str) and reason):
+        raise ValueError("framework_fallback: reason must be a non-empty string")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "fused" or require_fused or strict_from_env():
+        _count(Dispatch(op, backend, "none", "blocked", reason))
+        raise FusedKernelUnavailable(f"{op}: fused path required but unavailable: {reason}")
+    return _count(Dispatch(op, backend, FRAMEWORK, "fallback", reason))
 
 
 def history() -> list[tuple[Dispatch, int]]:
