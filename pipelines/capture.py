@@ -528,7 +528,11 @@ def capture(args, argv, found, environ) -> int:
     except Exception as e:  # anything unforeseen still leaves a -failed run, never a half one
         final = run.fail(f"{type(e).__name__}: {e}")
         raise
-    final = run.complete()
+    try:
+        final = run.complete()
+    except OSError as e:  # the manifest or the rename failed (a full disk, a folder gone): say so, in one line
+        return fail(PROG, f"--output-dir {args.output_dir}: cannot finish the run ({e.strerror or e}); "
+                          f"what it wrote is in {run.path}", EXIT_USAGE)
     cap.progress(f"complete: {final}")
     print(str(final))
     if args.require_fused:
