@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from pipelines import runs
+from pipelines import inputs, runs
 
 pytestmark = pytest.mark.smoke
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
@@ -54,3 +54,19 @@ def test_item1_runs_finishing_in_the_same_second_all_land(tmp_path):
         for _, n in got:
             assert json.loads((out / n / "manifest.json").read_text())["status"] == "complete"
             assert (out / n / "trace.sqlite").is_file()
+
+
+def _complete_run(root: pathlib.Path, name: str) -> None:
+    (root / name).mkdir(parents=True)
+    (root / name / "trace.sqlite").write_text("x")
+    (root / name / "manifest.json").write_text(json.dumps({"status": "complete"}))
+
+
+def test_decision_newest_run_orders_the_suffix_as_a_number(tmp_path):
+    name = runs.run_name(["logp-fused"], WHEN)
+    for n in [name] + [f"{name}.{k}" for k in range(2, 12)]:
+        _complete_run(tmp_path, n)
+    assert inputs.newest_run(tmp_path).name == f"{name}.11"  # as strings, .9 sorted last
+    later = runs.run_name(["logp-fused"], WHEN + datetime.timedelta(seconds=1))
+    _complete_run(tmp_path, later)
+    assert inputs.newest_run(tmp_path).name == later  # a later second beats any suffix
