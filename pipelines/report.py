@@ -86,8 +86,8 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
             d[c] = d[c].map(textsafe.to_spreadsheet)
         elif _integral_floats(d[c]):
             d[c] = d[c].astype("Int64")  # a count with NULLs comes out of DuckDB as float: 30, not 30.0
-    d.to_csv(buf, index=False)
-    return buf.getvalue().encode()
+    d.to_csv(buf, index=False, lineterminator="\r\n")  # a cell holding a bare CR quoted: textsafe.lf_row_ends
+    return textsafe.lf_row_ends(buf.getvalue()).encode()
 
 
 def _integral_floats(col: pd.Series) -> bool:

@@ -70,3 +70,78 @@ def test_decision_newest_run_orders_the_suffix_as_a_number(tmp_path):
     later = runs.run_name(["logp-fused"], WHEN + datetime.timedelta(seconds=1))
     _complete_run(tmp_path, later)
     assert inputs.newest_run(tmp_path).name == later  # a later second beats any suffix
+
+
+def _trace(tmp_path, *sql, case="verdicts") -> pathlib.Path:
+    """A copy of a committed fixture trace with ``sql`` (statement, parameters) applied."""
+    import shutil
+    import sqlite3
+
+    from tests.nsys_reference import DATA
+
+    p = tmp_path / "trace.sqlite"
+    shutil.copy(DATA / case / "trace.sqlite", p)
+    con = sqlite3.connect(p)
+    for q, params in sql:
+        con.execute(q, params)
+    con.commit()
+    con.close()
+    return p
+
+
+def analyze(*argv) -> tuple[int, str, str]:
+    """python -m pipelines.analyze in a subprocess: (exit code, stdout, stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pathlib.Path(__file__).parents[1]),
+                                                                       os.environ.get("PYTHONPATH")])))
+    p = subprocess.run([sys.executable, "-m", "pipelines.analyze", *map(str, argv)], capture_output=True,
+                       text=True, env=env, errors="surrogateescape")
+    return p.returncode, p.stdout, p.stderr
+
+
+FORMULA = "=2+2+cmd|' /C calc'!A0"
+
+
+def test_item2_a_bare_cr_in_a_range_name_neither_splits_a_row_nor_starts_a_formula(tmp_path):
+    import csv
+    import re
+
+    from rlkernel import textsafe
+
+    # an op range (in dispatch, range_summary, range_kernels) and a workload range (in repetition_gaps)
+    names = ["op.logp.forward\r" + FORMULA, "grpo-step\r" + FORMULA]
+    t = _trace(tmp_path, *(("UPDATE StringIds SET value = ? WHERE value = ?", (n, n.split("\r")[0])) for n in names))
+    out = tmp_path / "rep"
+    rc, _, err = analyze(t, "--out", out, "--range", names[1])  # judged as a workload by name
+    assert rc == 0, err
+    seen = set()
+    for p in sorted(out.glob("*.csv")):
+        raw = p.read_bytes().decode()
+        # a reader that ends a row at any CR or LF (spreadsheets, naive splitters) meets no formula
+        assert not [ln for ln in re.split(r"\r\n|\r|\n", raw) if ln[:1] and ln[0] in "=+@\t"], p.name
+        with open(p, newline="") as f:
+            rows = list(csv.reader(f))
+        assert all(len(r) == len(rows[0]) for r in rows), p.name  # a CSV reader splits no row either
+        cells = [textsafe.from_spreadsheet(c) for r in rows for c in r]
+        if any(n in c for c in cells for n in names):
+            seen.add(p.stem)
+    assert {"range_summary", "range_kernels", "dispatch", "repetition_gaps"} <= seen
+
+
+def test_item2_the_profile_suites_csv_quotes_a_bare_cr_too():
+    import csv
+    import io
+
+    from rlkernel.profiling import rows, writers
+    from rlkernel.textsafe import from_spreadsheet
+
+    row = {k: "" for k in rows.COLUMNS}
+    row.update(workload="logp\r" + FORMULA, latency_ms=1.5)
+    text = writers.csv_text([row])
+    got = list(csv.reader(io.StringIO(text, newline="")))
+    assert len(got) == 2 and len(got[1]) == len(got[0])
+    assert from_spreadsheet(got[1][got[0].index("workload")]) == row["workload"]
+    assert "\r=" not in text and text.endswith("\n") and "\r\n" not in text  # rows end in LF, as before
