@@ -178,7 +178,7 @@ def provenance(result) -> dict:
         "recorded_at": p.get("recorded_at") or m.get("created_at") or result.meta.get("EXPORT_TIME_UTC") or "unknown",
         "where": p.get("where") or p.get("gpu") or (gpus[0]["name"] if gpus else ""),
         "note": str(p.get("note", "")).rstrip().rstrip("."),  # the template ends the sentence
-        "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
+        "command": textsafe.scrub_command(m["command"]) if m.get("command") else p.get("command", ""),
     }
     # A run's command holds the user's absolute paths (interpreter, --output-dir): shown as the stripped
     # fixtures show them, <path>/<basename>.

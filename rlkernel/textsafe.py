@@ -2,7 +2,7 @@
 tools/traces/strip_export.py share it.
 
 - :func:`scrub_paths`: absolute paths -> ``<path>/<basename>`` (what the stripped fixtures hold, and what a report
-  shows of a run's command line: no user names or home directories).
+  shows of paths: no user names or home directories); :func:`scrub_command` a command line argument by argument.
 - :func:`to_spreadsheet` / :func:`from_spreadsheet`: CSV formula injection. A spreadsheet evaluates a cell that
   begins with ``=``, ``+``, ``-`` or ``@`` (and some strip a leading tab or CR first), so a kernel name or an
   NVTX message like ``=HYPERLINK(...)`` would run as a formula. Every CSV written for people (the analyzer's
@@ -34,11 +34,44 @@ def _basename(m: re.Match) -> str:
     return f"<path>/{parts[-1]}" if parts else m.group(0)
 
 
-def scrub_paths(value):
-    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is."""
+# With spaces=True a path token goes on over a space and a word holding a "/" (``/home/user name/venv/x.so``),
+# for free text such as an error message, where a path with spaces cannot be told apart otherwise.
+_SPACED_PATH = re.compile(PATH_TOKEN.pattern + r"""(?: [^\s"'`,;()\[\]{}<>|/]*/[^\s"'`,;()\[\]{}<>|]*)*""")
+
+
+def scrub_paths(value, spaces: bool = False):
+    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is. With
+    ``spaces``, a token takes in the words after it that hold a "/" (a path with spaces, in a message)."""
     if not isinstance(value, str) or "/" not in value:
         return value
-    return PATH_TOKEN.sub(_basename, value)
+    return (_SPACED_PATH if spaces else PATH_TOKEN).sub(_basename, value)
+
+
+# An option with its value glued on: -o/x/y, --out=/x/y
+_GLUED = re.compile(r"(-[A-Za-z]|--?[A-Za-z0-9][\w.-]*=)(/.*)", re.S)
+
+
+def _whole_path(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    return f"<path>/{parts[-1]}" if parts else path
+
+
+def scrub_argument(arg):
+    """One argument of a command line, scrubbed as a whole: an absolute path (spaces and all) ->
+    ``<path>/<basename>``, also where it is glued to an option (``-o/x/y``, ``--log=/x/y``); any other text
+    through :func:`scrub_paths`."""
+    if not isinstance(arg, str):
+        return arg
+    if arg.startswith("/"):
+        return _whole_path(arg)
+    m = _GLUED.fullmatch(arg)
+    return m.group(1) + _whole_path(m.group(2)) if m else scrub_paths(arg)
+
+
+def scrub_command(argv) -> str:
+    """A command line to show: each argument scrubbed (:func:`scrub_argument`), then joined by spaces; joining
+    first would cut a path with spaces in two and leave its first part's directories in view."""
+    return " ".join(scrub_argument(str(a)) for a in argv)
 
 
 # What a spreadsheet may take as the start of a formula; "'" is included so that to_spreadsheet is reversible.

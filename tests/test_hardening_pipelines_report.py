@@ -145,3 +145,34 @@ def test_item2_the_profile_suites_csv_quotes_a_bare_cr_too():
     assert len(got) == 2 and len(got[1]) == len(got[0])
     assert from_spreadsheet(got[1][got[0].index("workload")]) == row["workload"]
     assert "\r=" not in text and text.endswith("\n") and "\r\n" not in text  # rows end in LF, as before
+
+
+def _run(tmp_path, edit, case="verdicts") -> pathlib.Path:
+    """A run directory built from a committed fixture (trace and manifest), its manifest edited by ``edit``."""
+    import shutil
+
+    from tests.nsys_reference import DATA
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("trace.sqlite", "manifest.json"):
+        shutil.copy(DATA / case / name, run / name)
+    m = json.loads((run / "manifest.json").read_text())
+    edit(m)
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+def test_item22_the_command_line_is_scrubbed_per_argument(tmp_path):
+    def edit(m):
+        m["command"] = ["/home/user name/venv/bin/python", "-m", "pipelines.capture", "-o/home/user/out",
+                        "--output-dir", "/home/user name/runs", "--log=/home/alice/x y/log.txt", "rel/path"]
+
+    run = _run(tmp_path, edit)
+    rc, _, err = analyze(run)
+    assert rc == 0, err
+    html = (run / "report" / "report.html").read_text()
+    assert "/home" not in html and "user name" not in html and "alice" not in html and "x y" not in html
+    assert ("&lt;path&gt;/python -m pipelines.capture -o&lt;path&gt;/out --output-dir &lt;path&gt;/runs "
+            "--log=&lt;path&gt;/log.txt rel/path") in html
+
