@@ -185,6 +185,13 @@ def provenance(result) -> dict:
     return {k: textsafe.scrub_paths(str(v)) for k, v in out.items()}
 
 
+def scrub_sides(meta: dict) -> dict:
+    """--compare's metadata as the report shows it: each side's path as ``<path>/<basename>`` (compare.json keeps
+    them as given)."""
+    return {k: {**v, "path": textsafe.scrub_argument(v["path"])} if isinstance(v, dict) and "path" in v else v
+            for k, v in meta.items()}
+
+
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
                 compare_meta: dict | None = None) -> bytes:
     wl = result.workloads
@@ -209,7 +216,7 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "compare": table(compare, ["kind", "name", "base_instances", "cur_instances", "base_med_ns", "cur_med_ns",
                                    "delta_pct", "base_verdict", "cur_verdict", "regression"])
         if compare is not None else None,
-        "compare_meta": compare_meta or {},
+        "compare_meta": scrub_sides(compare_meta or {}),
         "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
         "first_calls": table(getattr(result, "first_calls", None),
                              ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",

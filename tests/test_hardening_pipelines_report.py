@@ -176,3 +176,18 @@ def test_item22_the_command_line_is_scrubbed_per_argument(tmp_path):
     assert ("&lt;path&gt;/python -m pipelines.capture -o&lt;path&gt;/out --output-dir &lt;path&gt;/runs "
             "--log=&lt;path&gt;/log.txt rel/path") in html
 
+
+def test_item23_compare_names_both_runs_without_their_absolute_paths(tmp_path):
+    import shutil
+
+    from tests.nsys_reference import DATA
+
+    cur, base = tmp_path / "home user" / "cur-run", tmp_path / "home user" / "base-run"
+    for d in (cur, base):
+        shutil.copytree(DATA / "verdicts", d)
+    out = tmp_path / "cmp"
+    rc, _, err = analyze(cur, "--compare", base, "--out", out)
+    assert rc == 0, err
+    html = (out / "report.html").read_text()
+    assert str(tmp_path) not in html and "home user" not in html
+    assert "&lt;path&gt;/base-run" in html and "&lt;path&gt;/cur-run" in html
