@@ -166,7 +166,8 @@ def env_block(result) -> list[tuple[str, str]]:
     for k, v in sorted((m.get("env") or {}).items()):
         if k in ENV_ALLOWED and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
             rows.append((k, str(v)))
-    return rows
+    # the extension's failure reason names the .so it could not load, in the user's site-packages
+    return [(label, textsafe.scrub_paths(value, spaces=True)) for label, value in rows]
 
 
 def provenance(result) -> dict:

@@ -191,3 +191,19 @@ def test_item23_compare_names_both_runs_without_their_absolute_paths(tmp_path):
     html = (out / "report.html").read_text()
     assert str(tmp_path) not in html and "home user" not in html
     assert "&lt;path&gt;/base-run" in html and "&lt;path&gt;/cur-run" in html
+
+
+def test_item24_the_extension_load_failure_shows_no_absolute_path(tmp_path):
+    so = "/home/user name/venv/lib/python3.11/site-packages/rlkernel/_C.cpython-311-x86_64-linux-gnu.so"
+
+    def edit(m):
+        m["node"]["extension"] = {"built": False, "archs": [],
+                                  "reason": f"rlkernel._C failed to load: {so}: undefined symbol: _ZN3c104cuda"}
+
+    run = _run(tmp_path, edit)
+    rc, _, err = analyze(run)
+    assert rc == 0, err
+    html = (run / "report" / "report.html").read_text()
+    assert "/home" not in html and "user name" not in html and "site-packages" not in html
+    assert "not built (rlkernel._C failed to load: &lt;path&gt;/_C.cpython-311-x86_64-linux-gnu.so: undefined " \
+           "symbol: _ZN3c104cuda)" in html
