@@ -207,3 +207,17 @@ def test_item24_the_extension_load_failure_shows_no_absolute_path(tmp_path):
     assert "/home" not in html and "user name" not in html and "site-packages" not in html
     assert "not built (rlkernel._C failed to load: &lt;path&gt;/_C.cpython-311-x86_64-linux-gnu.so: undefined " \
            "symbol: _ZN3c104cuda)" in html
+
+
+def test_item25_progress_lines_escape_the_file_name(tmp_path):
+    import shutil
+
+    from tests.nsys_reference import DATA
+
+    t = tmp_path / "ev\x1b[31mil\nanalyze: forged.sqlite"
+    shutil.copy(DATA / "verdicts" / "trace.sqlite", t)
+    rc, out, err = analyze(t, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    assert "\x1b" not in out + err
+    assert "ev\\x1b[31mil\\nanalyze: forged.sqlite: loaded" in err
+    assert not [ln for ln in err.splitlines() if ln.startswith("analyze: forged")]  # no forged line
