@@ -221,3 +221,24 @@ def test_item25_progress_lines_escape_the_file_name(tmp_path):
     assert "\x1b" not in out + err
     assert "ev\\x1b[31mil\\nanalyze: forged.sqlite: loaded" in err
     assert not [ln for ln in err.splitlines() if ln.startswith("analyze: forged")]  # no forged line
+
+
+def test_item26_a_regression_with_a_side_missing_says_what_is_missing(tmp_path):
+    # Now the fused grpo-step workload is gone (its range renamed): fused in the baseline, missing now.
+    import shutil
+    import sqlite3
+
+    from tests.nsys_reference import DATA
+
+    cur = tmp_path / "cur"
+    shutil.copytree(DATA / "verdicts", cur)
+    con = sqlite3.connect(cur / "trace.sqlite")
+    con.execute("UPDATE StringIds SET value = 'renamed-range' WHERE value = 'grpo-step'")
+    con.commit()
+    con.close()
+    rc, _, err = analyze(cur, "--compare", DATA / "verdicts", "--force", "--out", tmp_path / "c")
+    lines = [ln for ln in err.splitlines() if "regression:" in ln]
+    assert rc == 1 and lines, err
+    line = next(ln for ln in lines if "grpo-step" in ln)
+    assert not any(w in line for w in ("None", "<NA>", "nan", "NaN")), line
+    assert "missing now" in line, line
