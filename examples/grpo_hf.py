@@ -33,7 +33,15 @@ import torch  # noqa: E402
 
 import rlkernel  # noqa: E402
 from rlkernel import FallbackWarning, FusedKernelUnavailable, dispatch  # noqa: E402
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser  # noqa: E402
+from rlkernel.cli import (  # noqa: E402
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    check_env_flags,
+)
 from rlkernel.grpo import IGNORE, completion_mask, group_advantages, synthetic_reward  # noqa: E402
 from rlkernel.nvtx_ranges import workload_range  # noqa: E402
 
@@ -300,6 +308,7 @@ def train(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        check_env_flags()  # a bad RLKERNEL_* value: one line, exit 2, before any step
         _check_args(args)
         warnings.simplefilter("ignore", FallbackWarning)  # every step line prints the path that ran
         return train(args)

@@ -18,7 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from rlkernel import FallbackWarning, FusedKernelUnavailable, dispatch  # noqa: E402
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser  # noqa: E402
+from rlkernel.cli import (  # noqa: E402
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    check_env_flags,
+)
 from rlkernel.grpo import (  # noqa: E402
     DTYPES,
     ROLLOUT_LOGPROBS,
@@ -30,7 +38,7 @@ from rlkernel.grpo import (  # noqa: E402
 )
 
 PROG = "grpo_single_gpu"
-BUILD_HINT = "build it on a CUDA machine with: MAX_JOBS=2 python setup.py build_ext --inplace"
+BUILD_HINT = "on a CUDA machine: python -m rlkernel.build builds it, python -m rlkernel.env says why it is not there"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,6 +189,7 @@ def _compare(args, cfg, device) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        check_env_flags()  # a bad RLKERNEL_* value: one line, exit 2, before any step (not an EnvFlagError traceback)
         cfg = _config(args)
         device = _device(args.device)
         _preflight(args, device, cfg.dtype)

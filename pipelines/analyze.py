@@ -236,7 +236,7 @@ def run_ranks(args: argparse.Namespace) -> int:
         specs = ranks.discover(args.ranks)
         name = pathlib.Path(args.ranks).resolve().name
         title = f"{name}: {len(specs)} ranks"
-        out = args.out if args.out is not None else pathlib.Path("reports") / f"ranks-{name}"
+        out = args.out if args.out is not None else cross_rank.default_out(name)
         check_outputs([out])
         jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
         t0 = time.perf_counter()
@@ -256,9 +256,10 @@ def run_ranks(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
     say(f"{PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
-    for r in cross_rank.summary(red.cross).itertuples(index=False):
-        if r.verdicts or r.range == ranks.WHOLE_TRACE:
-            say(f"  {r.range}: slowest rank {r.slowest_rank} (spread {r.spread}); {r.verdicts or 'no verdict'}")
+    for line in cross_rank.headline(cross_rank.summary(red.cross)):
+        say(line)
+    if cross_rank.no_comm_kernels(red.cross):
+        say("  note: " + cross_rank.COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)))
     for f in fails:
         say(f"{PROG}: not fused: {f}", sys.stderr)
     return EXIT_CHECK_FAILED if fails else EXIT_OK
@@ -270,19 +271,26 @@ def say(line: str, file=None) -> None:
     print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
-def main(argv=None) -> int:
+def verdict(argv) -> tuple[int, str]:
+    """The analyzer run as ``main`` runs it (reports written, the lines of its checks printed), returning its exit
+    code and, for a 2 or 3, the one-line reason instead of printing it ("" otherwise): what a caller that judges a
+    run (``pipelines.capture --require-fused``) reads, rather than scraping stderr."""
     try:
         args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
-        return run(args)
+        return run(args), ""
     except CliError as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return e.code
+        return e.code, str(e)
     except (trace_db.TraceError, UsageError) as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return EXIT_USAGE
+        return EXIT_USAGE, str(e)
     except trace_db.ExtensionMissing as e:
-        say(f"{PROG}: {e}", sys.stderr)
-        return EXIT_BLOCKED
+        return EXIT_BLOCKED, str(e)
+
+
+def main(argv=None) -> int:
+    rc, why = verdict(argv)
+    if why:
+        say(f"{PROG}: {why}", sys.stderr)
+    return rc
 
 
 if __name__ == "__main__":

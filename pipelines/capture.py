@@ -1,4 +1,4 @@
-"""python -m pipelines.capture: run registry workloads under Nsight Systems / Nsight Compute into one run directory.
+"""python -m pipelines.capture: run registry workloads, or a command of your own, under Nsight into one run directory.
 
 The child (``pipelines.capture_child``) warms each workload up outside any NVTX range, then runs ``--repeat``
 repetitions inside the workload's range ``rlkernel:<workload>``. nsys traces CUDA and NVTX and its export
@@ -10,24 +10,27 @@ traced (nsys) child's dispatch history; every child step also keeps its own unde
 ``--ranks N`` runs N children side by side as one ``torch.distributed`` job (env:// rendezvous on this host:
 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), each under its own nsys: ``trace_rank<N>.sqlite`` per rank beside
 one manifest, the layout ``python -m pipelines.analyze --ranks RUN`` reads.
+
+``-- CMD [ARGS...]`` (``pipelines.capture_command``) runs your own job under nsys instead: its output and exit code
+come through, its ``rlkernel.phase`` / ``rlkernel.step`` ranges are listed in the manifest, ``--steps A:B`` keeps
+only those training steps. No torch is imported for it.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib.util
-import io
 import math
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-from pipelines import ncu_csv, runs, tools
+from pipelines import capture_command, ncu_csv, procs, runs, tools
 from pipelines.manifest import allowed_env
+from rlkernel import textsafe
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
@@ -36,6 +39,7 @@ from rlkernel.cli import (
     OUTPUT_DIR_HINTS,
     CliError,
     OneLineParser,
+    check_env_flags,
     fail,
 )
 
@@ -46,6 +50,11 @@ _KEYS = ("op", "requested", "backend", "status", "reason")  # a dispatch record'
 _ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
 EPILOG = """\
+your own command: python -m pipelines.capture [--steps A:B] [--name NAME] [--trace LIST] [--output-dir DIR]
+  [--nsys PATH] [--require-fused] -- CMD [ARGS...]
+  runs CMD under nsys (--trace, default cuda,nvtx,osrt; child processes followed: torchrun, accelerate launch)
+  into <UTC timestamp>-<name>/; CMD's output comes through and its exit code is capture's (nonzero: the run is
+  kept as <name>-failed/). The --workload options do not apply.
 exit codes (docs/contracts.md, section 5):
   0  the run is complete (and, with --require-fused, every fused workload ran fused)
   1  a check you asked for failed: the capture itself (the run is kept as <name>-failed/ with the error in
@@ -54,16 +63,45 @@ exit codes (docs/contracts.md, section 5):
   2  bad arguments
   3  this machine lacks something: no CUDA device, no nsys/ncu, nsys's importer cannot start, the nvtx
      package, or what the analyzer needs for --require-fused (its exit 3: the DuckDB sqlite extension)
+  N  with -- CMD: the command's own nonzero exit code (128 + S when signal S ended it)
+  130, 143, 129  SIGINT, SIGTERM or SIGHUP ended the capture (the run is kept as -failed, its children ended)
 On the project's GPU node run `source .node-kit/env.sh` first: it puts the nsys bundled with Nsight Compute
 and the libraries its importer needs in place."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: bool = False) -> argparse.ArgumentParser:
+    """The registry parser, or with ``command`` the one for ``-- CMD`` (torch-free: it lists no workload, and the
+    --workload options are answered as such)."""
+    hints = dict(OUTPUT_DIR_HINTS, **(capture_command.registry_hints() if command else {}))
+    ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, hints=hints)
+    if not command:
+        registry_options(ap)
+    ap.add_argument("--output-dir", default="runs",
+                    help="parent folder: each capture makes a new run directory in it, <UTC timestamp>-<workload>"
+                         "[+n]/ (<UTC timestamp>-<name>/ for a command), holding manifest.json, trace.nsys-rep, "
+                         "trace.sqlite, ncu.csv, the logs and, once analyzed, report/ (default runs)")
+    ap.add_argument("--nsys", metavar="PATH", help="nsys to use (else $NSYS, PATH, $CUDA_HOME/bin, /opt/nvidia)")
+    ap.add_argument("--require-fused", action="store_true",
+                    help="after the capture, run the analyzer's verdict on it: exit 1 when a fused workload did not "
+                         "run fused or the trace could not be analysed (analyzer exit 1 or 2), 3 when the analyzer "
+                         "is blocked (its exit 3); the run is kept either way")
+    ap.add_argument("--steps", metavar="A:B",
+                    help="with -- CMD: record only training steps A to B (or N), marked by rlkernel.step / "
+                         "step_begin in the command (nsys's cudaProfilerApi capture range; contract 3)")
+    ap.add_argument("--name", metavar="NAME",
+                    help="with -- CMD: the run's name after the timestamp (default: from the command, e.g. the "
+                         "script's name)")
+    ap.add_argument("--trace", metavar="LIST", default=None if not command else capture_command.DEFAULT_TRACE,
+                    help=f"with -- CMD: what nsys traces (default {capture_command.DEFAULT_TRACE}; any of "
+                         f"{', '.join(capture_command.TRACES)}, with cuda and nvtx)")
+    return ap
+
+
+def registry_options(ap: argparse.ArgumentParser) -> None:
     from rlkernel import workloads
 
-    ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, hints=OUTPUT_DIR_HINTS)
-    ap.add_argument("--workload", action="append", metavar="NAME", required=True,
+    ap.add_argument("--workload", action="append", metavar="NAME",
                     help=f"registry workload, repeatable: {', '.join(workloads.names())}")
     ap.add_argument("--tool", choices=("nsys", "ncu", "all"), default="nsys", help="profiler(s) to run (default nsys)")
     ap.add_argument("--batch-size", type=int, default=8)
@@ -76,16 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=3, help="runs per workload outside any range (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="repetitions per workload, each in its range (default 5)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--output-dir", default="runs",
-                    help="parent folder: each capture makes a new run directory in it, <UTC timestamp>-<workload>"
-                         "[+n]/, holding manifest.json, trace.nsys-rep, trace.sqlite, ncu.csv, the logs and, once "
-                         "analyzed, report/ (default runs)")
-    ap.add_argument("--nsys", metavar="PATH", help="nsys to use (else $NSYS, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--ncu", metavar="PATH", help="ncu to use (else $NCU, PATH, $CUDA_HOME/bin, /opt/nvidia)")
-    ap.add_argument("--require-fused", action="store_true",
-                    help="after the capture, run the analyzer's verdict on it: exit 1 when a fused workload did not "
-                         "run fused or the trace could not be analysed (analyzer exit 1 or 2), 3 when the analyzer "
-                         "is blocked (its exit 3); the run is kept either way")
     ap.add_argument("--keep-ncu-rep", action="store_true",
                     help="keep ncu's reports ncu-<workload>.ncu-rep in the run (for ncu-ui; they embed the kernels' "
                          "modules, ~100 MB each for PyTorch's kernels); by default only ncu.csv is kept")
@@ -95,12 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run N processes as one torch.distributed job (NCCL with a GPU per rank, else gloo; an "
                          "all_reduce after each repetition), each under its own nsys: trace_rank<N>.sqlite per rank "
                          "beside one manifest; analyse with `python -m pipelines.analyze --ranks RUN`")
-    return ap
 
 
 def validate(args) -> None:
     from rlkernel import workloads
 
+    for flag in capture_command.COMMAND_ONLY:
+        if getattr(args, flag) is not None:
+            raise CliError(f"--{flag} goes with -- CMD (a command of your own), not with --workload")
+    if not args.workload:
+        raise CliError("give --workload NAME (a registry workload, repeatable) or -- CMD [ARGS...] (a command of "
+                       "your own) (see --help)")
     for name in args.workload:
         if name not in workloads.REGISTRY:
             raise CliError(f"unknown workload {name!r}; known: {', '.join(workloads.names())}")
@@ -235,10 +269,11 @@ class Capture:
     def steps(self, items: list[tuple], capture_stdout=False) -> list[tuple[int, str]]:
         """Run (name, argv, log, environ) commands side by side, as ``step`` does one. Several run in sessions of
         their own: when one fails, or on an interrupt, the others' whole process trees (nsys and its child) are
-        ended, since a rank waiting for a dead peer would wait out gloo's 30-minute timeout."""
+        ended, since a rank waiting for a dead peer would wait out gloo's 30-minute timeout. An interrupt or a
+        SIGTERM (``procs.Terminated``) ends every command's tree before it goes on up."""
         d = self.run.path
         with contextlib.ExitStack() as stack:
-            procs = []
+            started = []
             try:
                 for name, argv, log, environ in items:
                     self.progress(f"{name}: {' '.join(argv[:2])} ...")
@@ -247,16 +282,16 @@ class Capture:
                     for f in (out, err):
                         f.write(f"== {name}: {' '.join(argv)}\n")
                         f.flush()
-                    procs.append((subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out,
-                                                   stderr=err, env=environ, text=True,
-                                                   start_new_session=len(items) > 1), time.monotonic()))
-                text = procs[0][0].communicate()[0] if capture_stdout else ""
-                ended = self._wait([p for p, _ in procs], [it[0] for it in items])
+                    started.append((subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else out,
+                                                     stderr=err, env=environ, text=True,
+                                                     start_new_session=len(items) > 1), time.monotonic()))
+                text = started[0][0].communicate()[0] if capture_stdout else ""
+                ended = self._wait([p for p, _ in started], [it[0] for it in items])
             except BaseException:
-                self._end([p for p, _ in procs])
+                procs.end([p for p, _ in started], own_session=len(items) > 1)
                 raise
         results = []
-        for (name, argv, _, _), (proc, t), end in zip(items, procs, ended, strict=True):
+        for (name, argv, _, _), (proc, t), end in zip(items, started, ended, strict=True):
             seconds = round(end - t, 3)
             self.run.manifest["steps"].append({"name": name, "command": argv, "exit_code": proc.returncode,
                                                "seconds": seconds})
@@ -264,42 +299,29 @@ class Capture:
             results.append((proc.returncode, text))
         return results
 
-    def _wait(self, procs: list, names: list[str]) -> list[float]:
+    def _wait(self, children: list, names: list[str]) -> list[float]:
         """Wait for every command, ending the others once one has failed; returns when each was seen to end (the
         first failure is the one to name: the ranks ended because of it may exit nonzero too)."""
-        ended: list[float | None] = [None] * len(procs)
+        ended: list[float | None] = [None] * len(children)
         beat = time.monotonic()
         while True:
-            for i, p in enumerate(procs):
+            for i, p in enumerate(children):
                 if ended[i] is None and p.poll() is not None:
                     ended[i] = time.monotonic()
-            running = [p for p, e in zip(procs, ended, strict=True) if e is None]
+            running = [p for p, e in zip(children, ended, strict=True) if e is None]
             if not running:
                 return ended
-            if any(p.returncode not in (None, 0) for p in procs):
-                self._end(procs)
+            if any(p.returncode not in (None, 0) for p in children):
+                procs.end(children, own_session=len(children) > 1)
                 continue
             try:
-                running[0].wait(timeout=POLL_S if len(procs) > 1 else HEARTBEAT_S)
+                running[0].wait(timeout=POLL_S if len(children) > 1 else HEARTBEAT_S)
             except subprocess.TimeoutExpired:
-                if time.monotonic() - beat >= HEARTBEAT_S or len(procs) == 1:
+                if time.monotonic() - beat >= HEARTBEAT_S or len(children) == 1:
                     beat = time.monotonic()
-                    for p, name in zip(procs, names, strict=True):
+                    for p, name in zip(children, names, strict=True):
                         if p.poll() is None:
                             self.progress(f"{name}: still running")
-
-    @staticmethod
-    def _end(procs: list) -> None:
-        """End the still-running side-by-side commands, each with its process group (their own sessions)."""
-        for p in procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    if len(procs) > 1:
-                        os.killpg(p.pid, signal.SIGTERM)
-                    else:
-                        p.terminate()
-        for p in procs:
-            p.wait()
 
     def last_error(self, log: str) -> str:
         lines = [ln.strip() for ln in (self.run.path / f"{log}.stderr").read_text().splitlines() if ln.strip()]
@@ -429,38 +451,16 @@ def preflight(args, environ) -> dict:
     return found
 
 
-class _Tee(io.TextIOBase):
-    """stderr for the analyzer's run: shown as usual and kept, to name its reason in capture's own line."""
-
-    def __init__(self, *streams):
-        self.streams = streams
-
-    def write(self, text):
-        for s in self.streams:
-            s.write(text)
-        return len(text)
-
-    def flush(self):
-        for s in self.streams:
-            s.flush()
-
-
 def analyze_verdict(argv: list[str]) -> tuple[int, str]:
-    """The analyzer's exit code on the finished run with --require-fused, and its last error line."""
+    """The analyzer's exit code on the finished run with --require-fused, and its reason for a 2 or 3
+    (``analyze.verdict``); an analyzer bug is a 2 with the exception's line: the run is complete, the verdict not."""
     from pipelines import analyze
 
-    kept = io.StringIO()
-    with contextlib.redirect_stderr(_Tee(sys.stderr, kept)):
-        try:
-            rc = int(analyze.main(argv) or 0)
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else EXIT_USAGE
-        except Exception as e:  # noqa: BLE001 - an analyzer bug: the run is complete, the verdict is not
-            print(f"{analyze.PROG}: {type(e).__name__}: {e}", file=sys.stderr)
-            rc = EXIT_USAGE
-    lines = [ln for ln in kept.getvalue().splitlines() if ln.startswith(f"{analyze.PROG}: ")]
-    why = lines[-1][len(analyze.PROG) + 2:] if lines else "no reason given"
-    return rc, why
+    try:
+        rc, why = analyze.verdict(argv)
+    except Exception as e:  # noqa: BLE001 - see above
+        rc, why = EXIT_USAGE, f"{type(e).__name__}: {e}"
+    return rc, why or "no reason given"
 
 
 def require_fused(final: pathlib.Path, manifest: dict, ranks: bool = False) -> tuple[int, str]:
@@ -485,17 +485,66 @@ def require_fused(final: pathlib.Path, manifest: dict, ranks: bool = False) -> t
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[argv.index("--") + 1:] if "--" in argv else None
     try:
+        if command is not None:
+            return main_command(argv, argv[:argv.index("--")], command)
         args = build_parser().parse_args(argv)
         validate(args)
+        check_env_flags()  # before any run directory: a bad value would fail the child, and keep a -failed run
         environ = dict(os.environ, PYTHONUNBUFFERED="1",
                        PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
         found = preflight(args, environ)
     except CliError as e:
         return fail(PROG, str(e), e.code)
+    say_tools(found)
+    with procs.signals_raise():  # SIGTERM / SIGHUP end the capture as Ctrl-C does: children ended, run -failed
+        return capture(args, argv, found, environ)
+
+
+def say_tools(found: dict) -> None:
     for t in found.values():
         print(f"{PROG}: {t.name} {t.version} at {t.path} ({t.source})", file=sys.stderr)
-    return capture(args, argv, found, environ)
+
+
+def guarded(run: runs.RunDir, body) -> int | None:
+    """``body()``; None when it finished. A capture failure (CliError), an interrupt or a signal renames the run
+    ``-failed`` with why, prints its path (the last line on stdout) and the one-line error, and returns the exit
+    code; anything unforeseen still leaves a -failed run, never a half one, and goes on up."""
+    try:
+        body()
+    except CliError as e:
+        final = run.fail(str(e))
+        print(str(final))
+        return fail(PROG, f"{e} [run kept as {final}]", e.code)
+    except (KeyboardInterrupt, procs.Terminated) as e:  # Ctrl-C, or SIGTERM / SIGHUP (timeout, CI, Slurm)
+        final = run.fail(procs.describe(e))  # the children's trees are ended by now (Capture.steps, procs.end)
+        print(str(final))
+        return fail(PROG, f"{procs.describe(e)} [run kept as {final}]", procs.exit_code(e))
+    except Exception as e:
+        run.fail(f"{type(e).__name__}: {e}")
+        raise
+    return None
+
+
+def finish(run: runs.RunDir, cap, args, ranks: bool = False) -> int:
+    """The run complete: renamed, its path printed, then --require-fused's verdict."""
+    try:
+        final = run.complete()
+    except OSError as e:  # the manifest or the rename failed (a full disk, a folder gone): say so, in one line
+        return fail(PROG, f"--output-dir {args.output_dir}: cannot finish the run ({e.strerror or e}); "
+                          f"what it wrote is in {run.path}", EXIT_USAGE)
+    cap.progress(f"complete: {final}")
+    print(str(final))
+    if args.require_fused:
+        try:
+            rc, msg = require_fused(final, run.manifest, ranks=ranks)
+        except (KeyboardInterrupt, procs.Terminated) as e:  # the run is whole: only its verdict is missing
+            return fail(PROG, f"{procs.describe(e)} during --require-fused (the run is complete: {final})",
+                        procs.exit_code(e))
+        if rc != EXIT_OK:
+            return fail(PROG, f"{msg} (run kept at {final})", rc)
+    return EXIT_OK
 
 
 def capture(args, argv, found, environ) -> int:
@@ -513,33 +562,54 @@ def capture(args, argv, found, environ) -> int:
                         workloads=[workloads.get(n).manifest_entry(shape, getattr(torch, args.dtype), args.warmup,
                                                                    args.repeat) for n in args.workload])
     cap = Capture(args, run, environ)
-    try:
+
+    def body():
         if "nsys" in found:
             cap.nsys_ranks(found["nsys"]) if args.ranks else cap.nsys(found["nsys"])
         if "ncu" in found:
             cap.ncu(found["ncu"])
-    except CliError as e:
-        final = run.fail(str(e))
-        print(str(final))
-        return fail(PROG, f"{e} [run kept as {final}]", e.code)
-    except KeyboardInterrupt:
-        final = run.fail("interrupted")
-        return fail(PROG, f"interrupted [run kept as {final}]", 130)  # the shell's code for SIGINT
-    except Exception as e:  # anything unforeseen still leaves a -failed run, never a half one
-        final = run.fail(f"{type(e).__name__}: {e}")
-        raise
+
+    rc = guarded(run, body)
+    return rc if rc is not None else finish(run, cap, args, ranks=bool(args.ranks))
+
+
+# ---- -- CMD: a command of your own -----------------------------------------------------------------------
+
+def main_command(argv: list[str], options: list[str], command: list[str]) -> int:
+    """``capture [options] -- CMD ...``: no torch is imported on this path (test_capture_command checks it)."""
+    if not command:
+        raise CliError("-- must be followed by the command to capture (see --help)")
+    args = build_parser(command=True).parse_args(options)
+    window = capture_command.validate(args)
+    check_output_dir(args.output_dir)
+    check_env_flags()
+    found = {"nsys": tools.find("nsys", args.nsys, os.environ)}
+    if args.require_fused and importlib.util.find_spec("pipelines.analyze") is None:
+        raise CliError("--require-fused needs pipelines.analyze, which is not in this tree yet; "
+                       "capture without --require-fused", EXIT_BLOCKED)
+    name = args.name or capture_command.run_name(command)
     try:
-        final = run.complete()
-    except OSError as e:  # the manifest or the rename failed (a full disk, a folder gone): say so, in one line
-        return fail(PROG, f"--output-dir {args.output_dir}: cannot finish the run ({e.strerror or e}); "
-                          f"what it wrote is in {run.path}", EXIT_USAGE)
-    cap.progress(f"complete: {final}")
-    print(str(final))
-    if args.require_fused:
-        rc, msg = require_fused(final, run.manifest, ranks=bool(args.ranks))
-        if rc != EXIT_OK:
-            return fail(PROG, f"{msg} (run kept at {final})", rc)
-    return EXIT_OK
+        run = runs.RunDir(args.output_dir, [name])
+    except OSError as e:
+        raise CliError(f"--output-dir {args.output_dir}: {e.strerror or e}") from None
+    say_tools(found)
+    environ = capture_command.command_environ(os.environ, window)
+    run.manifest.update(command=textsafe.scrub_argv([sys.executable, "-m", PROG, *argv]),
+                        env=allowed_env(environ), tools={n: t.record() for n, t in found.items()},
+                        target={"argv": textsafe.scrub_argv(command), "name": name,
+                                "steps": list(window) if window else None, "exit_code": None, "signal": None,
+                                "phases": [], "step_indices": []})
+    cap = Capture(args, run, environ)
+    with procs.signals_raise():
+        rc = guarded(run, lambda: capture_command.profile(cap, args, command, found["nsys"], window))
+        if rc is not None:
+            return rc
+        why = capture_command.outcome_error(run.manifest["target"])
+        if why:  # the command's own failure: its trace is kept, and its exit code is capture's
+            final = run.fail(why)
+            print(str(final))
+            return fail(PROG, f"{why} [run kept as {final}]", run.manifest["target"]["exit_code"])
+        return finish(run, cap, args)
 
 
 if __name__ == "__main__":

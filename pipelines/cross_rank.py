@@ -13,12 +13,14 @@ import tempfile
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, ranks, report, sql
+from pipelines import analysis, ranks, report, sql, trace_db
 
 COLUMNS = ["range", "rank", "instances", "range_total_ns", "span_ns", "busy_ns", "start_offset_ns", "verdict",
-           "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks"]
+           "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks",
+           "busy_imbalance"]
 RANK_COLUMNS = ["rank", "source", "pid", "device", "session_start_ns", "kernels", "memory_ops", "ranges"]
-SUMMARY_COLUMNS = ["range", "ranks_with_range", "slowest_rank", "spread", "fused_all_ranks", "verdicts"]
+SUMMARY_COLUMNS = ["range", "ranks_with_range", "slowest_rank", "spread", "busiest_rank", "busy_imbalance",
+                   "fused_all_ranks", "verdicts"]
 CLOCK_NOTE = ("Each rank's times are placed on one host clock: its trace's timestamps plus the trace's "
               "TARGET_INFO_SESSION_START_TIME (the UTC time of its zero). Ranks split from one export share one "
               "session and so one clock; ranks recorded on several hosts are only as aligned as their clocks.")
@@ -58,7 +60,13 @@ def reduce(partials: list[ranks.RankPartial]) -> Reduced:
                                                            dtype="Int64")})
     con.register("rank_list", rank_list)
     con.register("rank_ranges", tables.pop("cross_rank"))
-    cross = con.execute(sql.text("cross_rank")).df()
+    try:
+        cross = con.execute(sql.text("cross_rank")).df()
+    except trace_db.NUMERIC_ERRORS as e:
+        # one host clock is each trace's time plus its session start: an extreme start (INT64_MAX or MIN) overflows
+        # there or in the offsets from the earliest rank. Name the rank whose start is farthest from zero.
+        worst = max(partials, key=lambda p: abs(p.info["session_start_ns"] or 0))
+        raise trace_db.out_of_range(pathlib.Path(worst.info["trace"]), e) from None
     rows = [{"rank": p.rank, "source": p.info["source"], "pid": p.info["pid"], "device": p.info["device"],
              "session_start_ns": p.info["session_start_ns"], **p.info["counts"]} for p in partials]
     return Reduced(pd.DataFrame(rows, columns=RANK_COLUMNS), tables, cross, [p.info for p in partials])
@@ -75,8 +83,16 @@ def failures(red: Reduced) -> list[str]:
     return bad
 
 
+NOT_JUDGED = "no verdict (verdicts judge workload and op ranges only)"
+COMM_NOTE = ("comm_ns is 0 on every rank: no kernel matches {patterns}. A gloo job's collectives run on the CPU, so "
+             "their time is in the ranges' spans, not on the GPU.")
+STRAGGLER = 1.1  # a busy imbalance from this up names the busiest rank as a straggler in the report's first line
+HEADLINE_OTHERS = 5  # ranges without a verdict named on the terminal, the most imbalanced first
+
+
 def summary(cross: pd.DataFrame) -> pd.DataFrame:
-    """One row per range: how many ranks have it, the slowest one, the spread, and the verdicts in words."""
+    """One row per range: how many ranks have it, the slowest one (span) and the spread, the busiest one (GPU
+    busy time) and the busy imbalance, and the verdicts in words."""
     rows = []
     for rng, g in cross.groupby("range", sort=False):
         judged = g[g["verdict"].notna()]
@@ -85,14 +101,61 @@ def summary(cross: pd.DataFrame) -> pd.DataFrame:
             words = f"{kinds[0]} on all {len(g)} ranks"
         else:
             words = ", ".join(f"rank {r.rank} {r.verdict if isinstance(r.verdict, str) else 'absent'}"
-                              for r in g.itertuples(index=False)) if len(judged) else ""
+                              for r in g.itertuples(index=False)) if len(judged) else NOT_JUDGED
         first = g.iloc[0]
+        busy = g[g["busy_ns"].fillna(0) > 0]
+        busiest = int(busy.sort_values(["busy_ns", "rank"], ascending=[False, True]).iloc[0]["rank"]) \
+            if len(busy) else None
         rows.append({"range": rng, "ranks_with_range": int((g["instances"].fillna(1) > 0).sum()),
-                     "slowest_rank": first["slowest_rank"],
-                     # as text: the HTML's number format keeps one decimal, a spread needs three
-                     "spread": f"{first['spread']:.3f}" if pd.notna(first["spread"]) else None,
-                     "fused_all_ranks": first["fused_all_ranks"], "verdicts": words})
-    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+                     "slowest_rank": first["slowest_rank"], "spread": first["spread"], "busiest_rank": busiest,
+                     "busy_imbalance": first["busy_imbalance"], "fused_all_ranks": first["fused_all_ranks"],
+                     "verdicts": words, "judged": bool(len(judged))})
+    out = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, "judged"])
+    out["busiest_rank"] = out["busiest_rank"].astype("Int64")
+    return out
+
+
+def no_comm_kernels(cross: pd.DataFrame) -> bool:
+    return bool(len(cross)) and bool((cross["comm_ns"].fillna(0) == 0).all())
+
+
+def headline(summ: pd.DataFrame) -> list[str]:
+    """The terminal's lines: the whole trace and every judged range, then the other ranges with the largest busy
+    imbalance (HEADLINE_OTHERS of them). The busy imbalance beside the spread: a collective evens the spans out,
+    so the rank that does more GPU work shows in its busy time, not in its span."""
+    first = summ[summ["judged"] | (summ["range"] == ranks.WHOLE_TRACE)]
+    others = summ[~summ.index.isin(first.index)].sort_values(["busy_imbalance", "spread"], ascending=False,
+                                                              na_position="last")
+    lines = []
+    for r in pd.concat([first, others.head(HEADLINE_OTHERS)]).itertuples(index=False):
+        slow = f"slowest rank {r.slowest_rank} (spread {r.spread:.3f})" if pd.notna(r.slowest_rank) and \
+            pd.notna(r.spread) else "no span"
+        busy = (f"busiest rank {int(r.busiest_rank)} (busy imbalance {r.busy_imbalance:.3f}: GPU busy time over the "
+                "median)" if pd.notna(r.busiest_rank) and pd.notna(r.busy_imbalance) else "no GPU work on any rank")
+        lines.append(f"  {r.range}: {slow}; {busy}; {r.verdicts}")
+    if len(others) > HEADLINE_OTHERS:
+        lines.append(f"  ... {len(others) - HEADLINE_OTHERS} more ranges without a verdict in cross_rank.csv")
+    return lines
+
+
+def straggler(summ: pd.DataFrame) -> str:
+    """The report's first line: the range (whole trace apart) where the busiest rank is furthest above the median."""
+    d = summ[(summ["range"] != ranks.WHOLE_TRACE) & summ["busy_imbalance"].notna()]
+    if d.empty:
+        d = summ[summ["busy_imbalance"].notna()]
+    if d.empty:
+        return ""
+    r = d.sort_values(["busy_imbalance", "range"], ascending=[False, True]).iloc[0]
+    if r["busy_imbalance"] < STRAGGLER:
+        return f"GPU work is even across the ranks: the largest busy imbalance is {r['busy_imbalance']:.2f}×, in " \
+               f"{r['range']}."
+    return (f"Straggler: rank {int(r['busiest_rank'])} does {r['busy_imbalance']:.2f}× the median rank's GPU busy "
+            f"time in {r['range']}.")
+
+
+def default_out(name: str) -> pathlib.Path:
+    """reports/ranks-<name>, or reports/<name> where the name already says rank (`ranks`, not `ranks-ranks`)."""
+    return pathlib.Path("reports") / (name if "rank" in name.lower() else f"ranks-{name}")
 
 
 def render_html(red: Reduced, title: str, fails: list[str]) -> bytes:
@@ -104,6 +167,9 @@ def render_html(red: Reduced, title: str, fails: list[str]) -> bytes:
         "gpus": sorted(gpus),
         "comm_patterns": list(ranks.COMM_PATTERNS),
         "failures": fails,
+        "comm_note": COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)) if no_comm_kernels(red.cross)
+        else "",
+        "straggler": straggler(summary(red.cross)),
         "ranks": report.table(red.ranks, RANK_COLUMNS),
         "summary": report.table(summary(red.cross), SUMMARY_COLUMNS),
         "cross": report.table(red.cross, COLUMNS),

@@ -16,7 +16,7 @@ import jinja2
 import markupsafe
 import pandas as pd
 
-from pipelines import datafiles, timeline
+from pipelines import cells, datafiles, report_rows, timeline
 from pipelines.manifest import ENV_ALLOWED
 from rlkernel import textsafe
 
@@ -41,6 +41,7 @@ def environment() -> jinja2.Environment:
     env.filters["ns"] = fmt_ns
     env.filters["num"] = fmt_num
     env.filters["code_spans"] = code_spans
+    env.filters["breakable"] = cells.breakable
     return env
 
 
@@ -97,12 +98,44 @@ def _integral_floats(col: pd.Series) -> bool:
     return bool(len(v)) and bool(((v % 1 == 0) & (v.abs() < 2 ** 53)).all())
 
 
-def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS) -> dict:
+def table(df: pd.DataFrame | None, columns: list[str], limit: int = HTML_ROWS, t0: int | None = None,
+          short: dict[str, str] | None = None) -> dict:
+    """A table as the template draws it: {head: [{label, unit, title, numeric}], rows: [[cell]], total, shown,
+    empty (the columns left out, empty in every row)}.
+    Each column's cells in one unit (pipelines.cells). A ``kernel`` column beside ``kernel_short`` becomes one
+    column showing the short name, the demangled one on demand; ``short`` (demangled -> short name) does the
+    same for a ``kernel`` or ``name`` column without its short name beside it."""
+    has_short = "kernel" in columns and "kernel_short" in columns
+    shown_cols = [c for c in columns if not (has_short and c == "kernel_short")]
     if df is None:
-        return {"columns": columns, "rows": [], "total": 0, "shown": 0}
+        return {"head": [cells.column(c, [])[0] for c in shown_cols], "rows": [], "total": 0, "shown": 0,
+                "empty": []}
     d = df.reindex(columns=columns).head(limit).astype(object)
-    rows = d.where(d.notna(), None).to_dict("records")  # NaN / pd.NA print as empty cells
-    return {"columns": columns, "rows": rows, "total": len(df), "shown": len(rows)}
+    d = d.where(d.notna(), None)  # NaN / pd.NA print as empty cells
+    # a column empty in every row (ncu_* without an ncu.csv) takes width and says nothing: named in the note
+    empty = [c for c in shown_cols if len(d) and d[c].isna().all()]
+    shown_cols = [c for c in shown_cols if c not in empty]
+    head, body = [], []
+    for c in shown_cols:
+        h, col_cells = cells.column(c, list(d[c]), t0)
+        fulls = list(d[c])
+        shorts = list(d["kernel_short"]) if has_short and c == "kernel" else \
+            [short.get(v) if isinstance(v, str) else None for v in fulls] if short and c in ("kernel", "name") else None
+        if shorts is not None:
+            for cell, full, sh in zip(col_cells, fulls, shorts, strict=True):
+                if isinstance(full, str) and isinstance(sh, str) and sh != full:
+                    cell.update(text=sh, full=full, cls="name")
+        head.append(h)
+        body.append(col_cells)
+    rows = [list(r) for r in zip(*body, strict=True)] if body else []
+    return {"head": head, "rows": rows, "total": len(df), "shown": len(rows), "empty": empty}
+
+
+def trace_zero(tables: dict) -> int | None:
+    """The report's t0: the earliest timestamp its tables show (start_ns, end_ns, gap_start_ns)."""
+    found = [int(df[c].min()) for df in tables.values() if df is not None for c in cells.TIMESTAMPS
+             if c in df.columns and df[c].notna().any()]
+    return min(found) if found else None
 
 
 def bar_chart(df: pd.DataFrame | None, label: str, value: str, title: str | None = None, top: int = 12) -> list[dict]:
@@ -147,7 +180,8 @@ def env_block(result) -> list[tuple[str, str]]:
         if node.get(key):
             rows.append((label, str(node[key])))
     if "cuda_visible_devices" in node:
-        rows.append(("CUDA_VISIBLE_DEVICES", str(node.get("cuda_visible_devices"))))
+        cvd = node.get("cuda_visible_devices")
+        rows.append(("CUDA_VISIBLE_DEVICES", "not set" if cvd is None else str(cvd)))
     for d in node.get("devices") or []:
         if d.get("index", -1) >= 0:
             rows.append((f"cuda:{d.get('index')}", f"physical GPU {d.get('physical_index')} {d.get('uuid', '')} "
@@ -189,15 +223,30 @@ def provenance(result) -> dict:
 def scrub_sides(meta: dict) -> dict:
     """--compare's metadata as the report shows it: each side's path as ``<path>/<basename>`` (compare.json keeps
     them as given)."""
-    return {k: {**v, "path": textsafe.scrub_argument(v["path"])} if isinstance(v, dict) and "path" in v else v
+    return {k: {**v, "path": textsafe.scrub_argv([v["path"]])[0]} if isinstance(v, dict) and "path" in v else v
             for k, v in meta.items()}
 
 
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
                 compare_meta: dict | None = None) -> bytes:
-    wl = result.workloads
+    wl, wl_cols, extras = report_rows.workloads(result)
     badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
-               "mean": r["mean_gpu_busy_ns"]} for _, r in wl.iterrows()] if wl is not None else []
+               "mean": r["mean_gpu_busy_ns"], **extras.get(r["range"], {})}
+              for _, r in wl.iterrows()] if wl is not None else []
+    t0 = trace_zero(tables)
+    ks = tables.get("kernel_summary")
+    short = dict(zip(ks["kernel"], ks["kernel_short"], strict=True)) if ks is not None else {}
+    if compare is not None:  # a kernel only in the baseline has no short name here: the report shortens it
+        short = {**{n: cells.short_kernel(n) for n in compare.loc[compare["kind"] == "kernel", "name"]}, **short}
+    shown = dict(tables)
+    if "bandwidth" in shown:
+        shown["bandwidth"] = report_rows.bandwidth_notes(shown["bandwidth"], fmt_ns)
+    if "utilization" in shown:
+        shown["utilization"] = report_rows.utilization_notes(shown["utilization"], tables.get("gaps"),
+                                                             getattr(result, "first_calls", None), fmt_ns)
+    cols = {name: [*columns.get(name, list(df.columns) if df is not None else [])]
+            + (["note"] if df is not None and "note" in df.columns and df["note"].notna().any() else [])
+            for name, df in shown.items()}
     ctx = {
         "title": result.source.run_dir.name if result.source.run_dir else result.source.trace.name,
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
@@ -207,18 +256,17 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "patterns": result.patterns,
         "badges": badges,
         "failures": failures,
+        "t0": t0,
         "kernel_bars": bar_chart(tables.get("kernel_summary"), "kernel_short", "total_ns", title="kernel"),
         "range_bars": bar_chart(tables.get("range_summary"), "range", "gpu_busy_ns"),
-        "tables": {name: table(df, columns.get(name, list(df.columns) if df is not None else []))
-                   for name, df in tables.items()},
-        "workloads": table(wl, ["range", "verdict", "instances", "fused_kernels", "other_kernels",
-                                "mean_gpu_busy_ns", "med_gpu_busy_ns", "mean_kernel_ns", "mean_proj_gpu_ns",
-                                "host_syncs", "dtoh_copies"]),
+        "tables": {name: table(df, cols[name], t0=t0) for name, df in shown.items()},
+        "workloads": table(wl, wl_cols),
         "compare": table(compare, ["kind", "name", "base_instances", "cur_instances", "base_med_ns", "cur_med_ns",
-                                   "delta_pct", "base_verdict", "cur_verdict", "regression"])
+                                   "delta_pct", "base_verdict", "cur_verdict", "regression"], short=short)
         if compare is not None else None,
         "compare_meta": scrub_sides(compare_meta or {}),
         "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
+        "share_ratio": timeline.SHARE_RATIO,
         "first_calls": table(getattr(result, "first_calls", None),
                              ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",
                               "steady_med_dur_ns", "steady_med_proj_ns", "steady_med_busy_ns"]),

@@ -8,6 +8,8 @@
 --   rank); spread: that span over the median span of the ranks that have the range.
 -- fused_all_ranks: true only when every rank's verdict is fused (a rank without the range is not); empty for a
 --   range no rank judged.
+-- busy_imbalance: the largest busy time over the median busy time of the ranks that have the range (the straggler
+--   that does more GPU work; a collective evens the spans out, not the work); empty where the median is 0.
 WITH
 names AS (SELECT DISTINCT range FROM rank_ranges),
 placed AS (
@@ -22,6 +24,7 @@ per_range AS (
            CASE WHEN max(span_ns) IS NOT NULL THEN first(rank ORDER BY span_ns DESC NULLS LAST, rank) END
                AS slowest_rank,
            max(span_ns) / nullif(median(span_ns), 0) AS spread,
+           max(busy_ns) / nullif(median(busy_ns), 0) AS busy_imbalance,
            min(host_start_ns) AS host_start0,
            CASE WHEN bool_or(verdict IS NOT NULL) THEN bool_and(coalesce(verdict = 'fused', false)) END
                AS fused_all_ranks,
@@ -44,7 +47,8 @@ SELECT
     p.overlap_ns,
     r.slowest_rank,
     round(r.spread, 4) AS spread,
-    r.fused_all_ranks
+    r.fused_all_ranks,
+    round(r.busy_imbalance, 4) AS busy_imbalance
 FROM placed AS p
 JOIN per_range AS r USING (range)
 ORDER BY p.range <> '(whole trace)', NOT r.judged, p.range, p.rank;

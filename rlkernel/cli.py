@@ -3,6 +3,8 @@ argument parser every CLI uses. Torch-free: importing it costs no torch import."
 import argparse
 import sys
 
+from rlkernel import envflags
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # a check the user asked for failed
 EXIT_USAGE = 2  # bad input or usage
@@ -20,6 +22,16 @@ class CliError(Exception):
 def fail(prog: str, message: str, code: int) -> int:
     print(f"{prog}: {message}", file=sys.stderr)
     return code
+
+
+def check_env_flags(environ=None) -> None:
+    """The project's run-time variables (``envflags.check_runtime_flags``: RLKERNEL_REQUIRE_FUSED, RLKERNEL_VALIDATE,
+    RLKERNEL_CAPTURE_STEPS) checked before any work: a bad value is bad usage, ``CliError`` (exit 2, one line),
+    never a failed row, a failed run or a traceback once the work has started."""
+    try:
+        envflags.check_runtime_flags(environ)
+    except envflags.EnvFlagError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
 
 
 # capture's and the profile suite's --output-dir is a parent folder (analyze's --out is the report folder itself)

@@ -43,6 +43,37 @@ def validate_mode(environ=None) -> str:
     return value
 
 
+def parse_steps(text: str, what: str = "--steps") -> tuple[int, int]:
+    """``A:B`` (or ``N``, meaning ``N:N``): the training steps A to B, both included, integers 0 <= A <= B."""
+    parts = text.strip().split(":")
+    try:
+        if len(parts) > 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError
+        first, last = int(parts[0]), int(parts[-1])
+    except ValueError:
+        raise EnvFlagError(f"{what} {text!r}: use A:B (steps A to B, both included, 0 <= A <= B) or N") from None
+    if first > last:
+        raise EnvFlagError(f"{what} {text!r}: the first step {first} is after the last {last}")
+    if last >= 2 ** 63:
+        raise EnvFlagError(f"{what} {text!r}: a step index must fit in int64")
+    return first, last
+
+
+def capture_steps(environ=None) -> tuple[int, int] | None:
+    """RLKERNEL_CAPTURE_STEPS (set by ``pipelines.capture --steps``): (A, B), or None when unset or empty."""
+    raw = (os.environ if environ is None else environ).get("RLKERNEL_CAPTURE_STEPS", "")
+    return parse_steps(raw, "RLKERNEL_CAPTURE_STEPS") if raw.strip() else None
+
+
+def check_runtime_flags(environ=None) -> None:
+    """Every variable an rlkernel process reads while it runs, parsed once: EnvFlagError for the first bad one.
+    The CLIs call it before any work, so a bad value is a usage error (exit 2, one line, nothing written)
+    instead of failed rows, a failed run or a traceback half-way."""
+    env_bool("RLKERNEL_REQUIRE_FUSED", False, environ)
+    validate_mode(environ)
+    capture_steps(environ)
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2) or args[0] in ("-h", "--help"):

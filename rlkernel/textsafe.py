@@ -2,7 +2,8 @@
 tools/traces/strip_export.py share it.
 
 - :func:`scrub_paths`: absolute paths -> ``<path>/<basename>`` (what the stripped fixtures hold, and what a report
-  shows of paths: no user names or home directories); :func:`scrub_command` a command line argument by argument.
+  shows of paths: no user names or home directories); :func:`scrub_argv` / :func:`scrub_command` a command
+  line argument by argument.
 - :func:`to_spreadsheet` / :func:`from_spreadsheet`: CSV formula injection. A spreadsheet evaluates a cell that
   begins with ``=``, ``+``, ``-`` or ``@`` (and some strip a leading tab or CR first), so a kernel name or an
   NVTX message like ``=HYPERLINK(...)`` would run as a formula. Every CSV written for people (the analyzer's
@@ -47,31 +48,10 @@ def scrub_paths(value, spaces: bool = False):
     return (_SPACED_PATH if spaces else PATH_TOKEN).sub(_basename, value)
 
 
-# An option with its value glued on: -o/x/y, --out=/x/y
-_GLUED = re.compile(r"(-[A-Za-z]|--?[A-Za-z0-9][\w.-]*=)(/.*)", re.S)
-
-
-def _whole_path(path: str) -> str:
-    parts = [p for p in path.split("/") if p]
-    return f"<path>/{parts[-1]}" if parts else path
-
-
-def scrub_argument(arg):
-    """One argument of a command line, scrubbed as a whole: an absolute path (spaces and all) ->
-    ``<path>/<basename>``, also where it is glued to an option (``-o/x/y``, ``--log=/x/y``); any other text
-    through :func:`scrub_paths`."""
-    if not isinstance(arg, str):
-        return arg
-    if arg.startswith("/"):
-        return _whole_path(arg)
-    m = _GLUED.fullmatch(arg)
-    return m.group(1) + _whole_path(m.group(2)) if m else scrub_paths(arg)
-
-
 def scrub_command(argv) -> str:
-    """A command line to show: each argument scrubbed (:func:`scrub_argument`), then joined by spaces; joining
+    """A command line to show: each argument scrubbed (:func:`scrub_argv`), then joined by spaces; joining
     first would cut a path with spaces in two and leave its first part's directories in view."""
-    return " ".join(scrub_argument(str(a)) for a in argv)
+    return " ".join(scrub_argv(argv))
 
 
 # What a spreadsheet may take as the start of a formula; "'" is included so that to_spreadsheet is reversible.
@@ -143,3 +123,29 @@ def visible(text: str) -> str:
         o = ord(c)
         out.append(c if c.isprintable() else chr(0x2400 + o) if o < 0x20 else "\u2421" if o == 0x7F else _escape(c))
     return "".join(out)
+
+
+# A value glued to its option: --opt=/abs/path, or a short option written as one word, -o/abs/path.
+_GLUED = re.compile(r"(-{1,2}[A-Za-z0-9][\w.-]*=|-[A-Za-z])(/.*)", re.S)
+
+
+def _path_basename(path: str) -> str:
+    parts = [p for p in path.split("/") if p]
+    return f"<path>/{parts[-1]}" if parts else path
+
+
+def scrub_argv(argv) -> list[str]:
+    """A command line (a list of arguments) with its absolute paths as ``<path>/<basename>``, argument by argument,
+    before it is ever joined: an argument that is a path is one path, spaces included (``/home/user name/venv/bin/
+    python`` -> ``<path>/python``), as is the value of ``--opt=/path`` and of a glued short option ``-o/path``;
+    any other argument has its path tokens scrubbed (``scrub_paths``)."""
+    out = []
+    for a in argv:
+        a = str(a)
+        if a.startswith("/"):
+            out.append(_path_basename(a))
+        elif (m := _GLUED.fullmatch(a)) is not None:
+            out.append(m.group(1) + _path_basename(m.group(2)))
+        else:
+            out.append(scrub_paths(a))
+    return out

@@ -147,9 +147,21 @@ def test_real_job_of_three_ranks_on_the_h200_names_its_slow_rank_and_matches_nsy
     nsys; rank 1 sleeps 20 ms and runs two more matmuls in each `compute` range (tools/make_fixtures.sh ranks)."""
     out = tmp_path / "rep"
     assert main("--ranks", DATA / "ranks", "--out", out, "--jobs", "3") == 0
-    assert "(whole trace): slowest rank 1" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "(whole trace): slowest rank 1" in said
     c = cross(out)
     assert {c[("ranks:compute", r)]["slowest_rank"] for r in range(3)} == {"1"}
+    # the spans are evened out by the all-reduce (spread ~1.06); the busy time names the straggler
+    busy = sorted(int(c[("ranks:compute", r)]["busy_ns"]) for r in range(3))
+    assert {float(c[("ranks:compute", r)]["busy_imbalance"]) for r in range(3)} == {round(busy[2] / busy[1], 4)}
+    assert busy[2] / busy[1] > 1.8
+    assert "ranks:compute: slowest rank 1 (spread 1.059); busiest rank 1 (busy imbalance 1.906" in said
+    # gloo: the all-reduce has no GPU work, so no imbalance, and the terminal says why comm_ns is 0
+    assert c[("ranks:allreduce", 0)]["busy_imbalance"] == "" and c[("ranks:allreduce", 0)]["comm_ns"] == "0"
+    assert "ranks:allreduce: slowest rank 2 (spread 1.106); no GPU work on any rank; no verdict (" in said
+    assert "note: comm_ns is 0 on every rank: no kernel matches nccl*" in said
+    html = (out / "report.html").read_text()
+    assert "Straggler: rank 1 does 1.91× the median rank&#39;s GPU busy time in ranks:compute." in html
     for r in range(3):
         nvtx = stats(f"ranks/rank{r}", "nvtx_sum").set_index("Range")
         kern = stats(f"ranks/rank{r}", "cuda_gpu_kern_sum")
@@ -163,11 +175,20 @@ def test_real_job_of_three_ranks_on_the_h200_names_its_slow_rank_and_matches_nsy
         rank_row = next(k for k in rows(out / "ranks.csv") if int(k["rank"]) == r)
         assert int(rank_row["kernels"]) == kern["Instances"].sum()
     # the slow rank's extra matmuls: more GPU time in its compute ranges than any other rank's
-    busy = {r: int(c[("ranks:compute", r)]["busy_ns"]) for r in range(3)}
-    assert busy[1] > max(busy[0], busy[2])
+    per_rank = {r: int(c[("ranks:compute", r)]["busy_ns"]) for r in range(3)}
+    assert per_rank[1] > max(per_rank[0], per_rank[2])
     # the others wait for it in the all-reduce: its own all-reduce time is the smallest
     waits = {r: int(c[("ranks:allreduce", r)]["range_total_ns"]) for r in range(3)}
     assert waits[1] < min(waits[0], waits[2])
+
+
+def test_default_report_folder_is_not_named_ranks_ranks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(DATA / "ranks", tmp_path / "ranks", ignore=shutil.ignore_patterns("stats_*.csv"))
+    shutil.copytree(tmp_path / "ranks", tmp_path / "job")
+    assert main("--ranks", "ranks", "--jobs", "1") == 0 and main("--ranks", "job", "--jobs", "1") == 0
+    assert sorted(p.name for p in (tmp_path / "reports").iterdir()) == ["ranks", "ranks-job"]
+    assert (tmp_path / "reports" / "ranks" / "cross_rank.csv").is_file()
 
 
 def test_multi_process_export_is_split_by_process_and_sums_to_nsys_stats_on_a_process_pool(tmp_path):

@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from pipelines import analyze
+from pipelines import analyze, inputs
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -105,4 +105,62 @@ def test_compare_report(tmp_path):
     assert rc == 1
     assert "Compared with the baseline" in html
     row = re.search(r"<tr>(?:(?!</tr>).)*rlkernel:grpo-step(?:(?!</tr>).)*</tr>", html.split("Compared with")[1], re.S)
-    assert row and "v-fused" in row.group(0) and "v-fallback" in row.group(0) and "True" in row.group(0)
+    assert row and "v-fused" in row.group(0) and "v-fallback" in row.group(0) and ">yes<" in row.group(0)
+
+
+def _row(html: str, section: str, first_cell: str) -> list[str]:
+    """The cells' text of the row of ``section``'s table whose first cell is ``first_cell`` (tags dropped)."""
+    part = html.split(f"<h2>{section}</h2>", 1)[1].split("</section>", 1)[0]
+    for tr in re.findall(r"<tr>(.*?)</tr>", part, re.S):
+        tds = [re.sub(r"<[^>]+>", "", td).strip() for td in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+        if tds and tds[0] == first_cell:
+            return tds
+    raise AssertionError(f"no row {first_cell} in {section}")
+
+
+def _heads(html: str, section: str) -> list[str]:
+    part = html.split(f"<h2>{section}</h2>", 1)[1].split("</section>", 1)[0]
+    return [t.split()[0] for t in re.findall(r'<th[^>]* title="([^"]*)"', part)]  # the CSV column names
+
+
+def test_bundled_report_reads_in_units_with_shapes_ratios_and_reasons(tmp_path):
+    """The bundled example as a person reads it (issue 40): a unit per column, times from t0, short kernel names,
+    the shape, dtype, native/fused ratio and tokens/s on the workload rows, and why the alarming figures are low."""
+    rc, out = render(tmp_path, inputs.EXAMPLE_DIR)
+    html = (out / "report.html").read_text()
+    assert rc == 0
+    wl = dict(zip(_heads(html, "Workloads"), _row(html, "Workloads", "rlkernel:logp-fused"), strict=True))
+    assert (wl["B"], wl["S"], wl["V"], wl["dtype"]) == ("2", "64", "4,096", "bfloat16")
+    assert wl["native_over_fused"] == "17.6"  # 64,532.3 ns / 3,658.7 ns
+    assert wl["tokens_per_s"] == "35.0" and "M tokens/s" in html  # 128 tokens / 3.6587 µs
+    assert wl["mean_gpu_busy_ns"] == "3.66"  # µs, the column's unit
+    assert "17.6× less GPU busy time than logp-native" in html
+    # one unit per column, the raw ns in the tooltip; the first call's 294,636,793 ns read as 295 ms
+    first = _row(html, "First call apart from the steady state", "rlkernel:op.logp.forward")
+    assert first[2] == "295" and 'title="294,636,793"' in html
+    # timestamps from t0 (the earliest in the tables: the first GPU operation), not the trace's raw clock
+    disp = _row(html, "Dispatch verdicts per range instance", "op")
+    assert disp[3] == "48.268" and "7,154,175,913" not in re.sub(r'title="[^"]*"', "", html)
+    # pids without separators; booleans as yes/no; kernels by their short name, the demangled one on demand
+    assert _row(html, "GPU utilisation", "6220")[0] == "6220" and ">False<" not in html
+    assert "<details><summary>distribution_elementwise_grid_stride_kernel</summary>" in html
+    # the alarming figures say why
+    bw = _row(html, "Bandwidth", "logp-fused")
+    assert bw[-1].startswith("latency-bound shape: at peak bandwidth its 1.05 MB move in 218 ns")
+    util = _row(html, "GPU utilisation", "6220")[-1]
+    assert util.startswith("low, as expected of a short capture: 97 % of the 360 ms span is 23 idle gaps")
+    assert "the first call of rlkernel:op.logp.forward took 295 ms" in util
+    # the timelines on one scale, their range names never cut
+    section = html.split("Timeline of a steady-state repetition", 1)[1].split("</section>", 1)[0]
+    assert "share one time scale: 829 µs across" in section and "…" not in section
+    assert section.count(">op.logp.forward<") + section.count(">rlkernel:op.logp.forward<") == 3
+
+
+def test_a_run_without_a_manifest_pairs_fused_and_native_by_name(tmp_path):
+    trace = tmp_path / "bare.sqlite"
+    shutil.copy(inputs.EXAMPLE_DIR / "trace.sqlite", trace)
+    rc, out = render(tmp_path, trace)
+    html = (out / "report.html").read_text()
+    assert rc == 0 and "<th title=\"B\">" not in html and "<th class=\"n\" title=\"B\">" not in html
+    wl = dict(zip(_heads(html, "Workloads"), _row(html, "Workloads", "rlkernel:logp-fused"), strict=True))
+    assert wl["native_over_fused"] == "17.6" and "tokens_per_s" not in wl  # no shape: no tokens

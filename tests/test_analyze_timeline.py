@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pipelines import analysis, analyze
+from pipelines import analysis, analyze, timeline
 from tests.nsys_reference import DATA
 
 pytestmark = pytest.mark.smoke
@@ -60,3 +60,30 @@ def test_first_calls_are_shown_apart(res, tmp_path):
     assert analyze.main([str(CASE), "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
     assert "First call apart from the steady state" in html.split("Where GPU time goes", 1)[1]
+
+
+def test_timelines_share_a_scale_unless_their_spans_are_far_apart(tmp_path):
+    # the bundled example: 62.9 µs, 310 µs, 829 µs (within 25x): one scale, the longest span
+    assert set(timeline.shared_scales({"a": 62_900, "b": 310_000, "c": 829_000}).values()) == {829_000}
+    # zero_sync: a 68 ms training step beside ops of 73-370 µs: the ops share a scale of their own
+    assert timeline.shared_scales({"step": 68_400_000, "f": 72_700, "bwd": 370_000, "s": 97_200}) == {
+        "step": 68_400_000, "f": 370_000, "bwd": 370_000, "s": 370_000}
+    out = tmp_path / "out"
+    assert analyze.main([str(DATA / "zero_sync"), "--out", str(out)]) == 0
+    section = (out / "report.html").read_text().split("Timeline of a steady-state repetition", 1)[1]
+    assert "<strong>2 time scales</strong> (68.4 ms, 370 µs across)" in section
+    assert section.count("drawn on the 370 µs scale") == 3
+
+
+def test_a_range_name_is_placed_whole_or_not_at_all():
+    box = {"x": 300.0, "y": 20, "w": 20.0, "h": 13, "cls": "tl-range", "title": "", "label": "rlkernel:op.logp.forward"}
+    wide = {**box, "x": 240.0, "w": 640.0, "label": "rlkernel:logp-native", "y": 4}
+    labels = timeline.place_labels([box, wide])
+    assert {lab["text"] for lab in labels} == {"rlkernel:op.logp.forward", "rlkernel:logp-native"}
+    assert next(lab for lab in labels if lab["text"] == "rlkernel:logp-native")["x"] == 243.0  # inside its box
+    assert next(lab for lab in labels if lab["text"].endswith("forward"))["x"] == 323.0  # right of its box
+    # hemmed in by neighbours on its row: the short form, then nothing (its tooltip still names it); never cut
+    left = {**box, "x": timeline.PLOT_X0 + 1, "w": 60.0, "label": "rlkernel:a"}
+    right = {**box, "x": 330.0, "w": 500.0, "label": "rlkernel:b"}
+    texts = [lab["text"] for lab in timeline.place_labels([left, box, right])]
+    assert "rlkernel:op.logp.forward" not in texts and not any("…" in t for t in texts)

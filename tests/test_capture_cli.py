@@ -8,9 +8,11 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -39,7 +41,11 @@ if a[0] == "profile":
     if os.environ.get("FAKE_NSYS_QDSTRM"):  # what nsys does when its importer cannot start
         open(base + ".qdstrm", "w").write("raw")
         sys.exit(0)
-    rc = subprocess.call(a[a.index("--force-overwrite") + 2:])
+    child = a[a.index("--force-overwrite") + 2:]
+    if os.environ.get("FAKE_NSYS_HANG_RANK", "-") == os.environ.get("RANK"):  # a rank that never gets going
+        child = [sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+                 "time.sleep(600)", base + ".pid"]
+    rc = subprocess.call(child)
     open(base + ".nsys-rep", "w").write("rep")
     sys.exit(rc)
 if a[0] == "export":
@@ -78,7 +84,7 @@ def fakes(tmp_path, monkeypatch):
         p.write_text(text)
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
-    for var in ("NSYS", "NCU", "FAKE_NSYS_FAIL", "FAKE_NSYS_FAIL_RANK", "FAKE_NSYS_QDSTRM"):
+    for var in ("NSYS", "NCU", "FAKE_NSYS_FAIL", "FAKE_NSYS_FAIL_RANK", "FAKE_NSYS_QDSTRM", "FAKE_NSYS_HANG_RANK"):
         monkeypatch.delenv(var, raising=False)
     return tmp_path
 
@@ -311,23 +317,16 @@ def test_require_fused_verdict_on_a_real_h200_run(tmp_path):
     (3, "the DuckDB sqlite extension is missing: pip install it", EXIT_BLOCKED,
      "blocked on this machine: the DuckDB sqlite extension is missing"),
 ])
-def test_require_fused_maps_the_analyzers_exit_codes(tmp_path, monkeypatch, capsys, analyzer_rc, line, want_rc,
-                                                      words):
+def test_require_fused_maps_the_analyzers_exit_codes(tmp_path, monkeypatch, analyzer_rc, line, want_rc, words):
     from pipelines import analyze
 
-    def fake_main(argv):
-        if line:
-            print(f"{analyze.PROG}: {line}", file=sys.stderr)
-        return analyzer_rc
-
-    monkeypatch.setattr(analyze, "main", fake_main)
+    # the analyzer's verdict function: its exit code and, for a 2 or 3, its reason (issue 34: no stderr scraping)
+    monkeypatch.setattr(analyze, "verdict", lambda argv: (analyzer_rc, line if analyzer_rc in (2, 3) else ""))
     run = tmp_path / "run"
     run.mkdir()
     manifest = {"steps": []}
     rc, msg = capture.require_fused(run, manifest)
     assert rc == want_rc and words in msg
-    if line:
-        assert line in capsys.readouterr().err  # the analyzer's own line is still shown
     step = json.loads((run / "manifest.json").read_text())["steps"][-1]
     assert step["exit_code"] == analyzer_rc  # the manifest keeps what the analyzer said
 
@@ -339,7 +338,7 @@ def test_require_fused_survives_an_analyzer_crash(tmp_path, monkeypatch):
     def boom(argv):
         raise TypeError("unforeseen")
 
-    monkeypatch.setattr(analyze, "main", boom)
+    monkeypatch.setattr(analyze, "verdict", boom)
     (tmp_path / "run").mkdir()
     rc, msg = capture.require_fused(tmp_path / "run", {"steps": []})
     assert rc == EXIT_CHECK_FAILED and "could not be analysed: TypeError: unforeseen" in msg
@@ -406,10 +405,48 @@ def test_require_fused_with_ranks_asks_analyze_ranks(tmp_path, monkeypatch):
     from pipelines import analyze
 
     seen = []
-    monkeypatch.setattr(analyze, "main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setattr(analyze, "verdict", lambda argv: seen.append(argv) or (0, ""))
     (tmp_path / "run").mkdir()
     manifest = {"steps": []}
     assert capture.require_fused(tmp_path / "run", manifest, ranks=True) == (EXIT_OK, "")
     assert seen == [["--ranks", str(tmp_path / "run"), "--out", str(tmp_path / "run" / "report"),
                      "--require-fused"]]
     assert manifest["steps"][-1]["command"][3:] == seen[0]
+
+
+@pytest.mark.parametrize("sig, code, why", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                            (signal.SIGINT, 130, "interrupted (SIGINT)")])
+def test_a_signal_to_capture_ranks_ends_every_rank_and_keeps_a_failed_run(fakes, monkeypatch, sig, code, why):
+    """Issue 29 item 13: SIGTERM (timeout, CI runners, Slurm) killed capture alone; the ranks lived on (the waiting
+    one for gloo's 30 minutes) and the run stayed hidden as .tmp-<pid>. Now as SIGINT: every rank's tree ended, a
+    -failed run that says why, the shell's exit code for the signal."""
+    from pipelines import procs
+
+    monkeypatch.setenv("FAKE_NSYS_HANG_RANK", "1")  # rank 1 never joins: rank 0 waits in the rendezvous
+    out = fakes / "runs"
+    cap = subprocess.Popen([sys.executable, "-m", "pipelines.capture", "--workload", "logp-native", *SMALL,
+                            "--output-dir", str(out), "--ranks", "2"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        tree = set()
+        for _ in range(600):  # until rank 1's stand-in and rank 0's child program both run
+            tree = procs.descendants(cap.pid)
+            cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in tree
+                        if pathlib.Path(f"/proc/{p}/cmdline").exists()]
+            if list(out.glob(".*/trace_rank1.pid")) and any(b"pipelines.capture_child" in c for c in cmdlines):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the ranks did not start")
+        cap.send_signal(sig)  # to capture alone, as `kill`, timeout and Slurm send it
+        _, err = cap.communicate(timeout=120)
+    finally:
+        if cap.poll() is None:
+            procs.end([cap], own_session=False)
+    assert cap.returncode == code, err
+    run = only_run(out)
+    assert run.name.endswith("-failed")  # renamed: no .tmp-<pid> left
+    m = json.loads((run / "manifest.json").read_text())
+    assert (m["status"], m["error"]) == ("failed", why)
+    assert err.strip().splitlines()[-1] == f"pipelines.capture: {why} [run kept as {run}]" and "Traceback" not in err
+    assert len(tree) >= 4 and not [p for p in tree if procs.alive(p)]  # both nsys, rank 0's child, the stand-in

@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rlkernel", "pipelines")
-ANALYZER_SIDE = ("analyze", "analysis", "sql", "trace_db", "report", "outdir", "inputs", "manifest", "compare",
-                 "ranks", "cross_rank")
+ANALYZER_SIDE = ("analyze", "analysis", "sql", "trace_db", "report", "cells", "report_rows", "timeline", "outdir",
+                 "inputs", "manifest", "compare", "ranks", "cross_rank")
 
 
 def _module_files(root):

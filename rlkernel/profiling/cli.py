@@ -11,7 +11,16 @@ from pathlib import Path
 import torch
 
 from rlkernel import env, workloads
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, OUTPUT_DIR_HINTS, CliError, OneLineParser, fail
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    OUTPUT_DIR_HINTS,
+    CliError,
+    OneLineParser,
+    check_env_flags,
+    fail,
+)
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
@@ -21,7 +30,7 @@ PROG = "run_profile_suite.py"
 SMOKE = {"batch_sizes": (2,), "seq_lens": (4,), "vocab_sizes": (32,), "dtype": "float32", "warmup": 0, "repeat": 1}
 DEFAULTS = {"batch_sizes": (8, 16, 32), "seq_lens": (128, 512), "vocab_sizes": (4096, 128256), "warmup": 3,
             "repeat": 10}
-BUILD_HINT = "build the extension: MAX_JOBS=2 python setup.py build_ext --inplace"
+BUILD_HINT = "build the extension: python -m rlkernel.build (python -m rlkernel.env says why it is not there)"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -152,6 +161,7 @@ def config(args) -> SuiteConfig:
 
 def run(argv: list[str], command: str) -> int:
     args = parser().parse_args(argv)
+    check_env_flags()  # before any row: RLKERNEL_REQUIRE_FUSED=bogus would fail every row (issue 29 item 20)
     cfg = config(args)
     try:  # before the run, not after it: a long run must not end in an unwritable folder
         args.output_dir.mkdir(parents=True, exist_ok=True)
