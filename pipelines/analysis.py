@@ -17,7 +17,7 @@ import time
 import pandas as pd
 
 from pipelines import ncu_csv, sql, trace_db
-from rlkernel import op_kernels  # torch-free data: each op's helper kernel globs
+from rlkernel import op_kernels, textsafe  # torch-free: each op's helper kernel globs; names made printable
 
 DEFAULT_PATTERNS = ("rlkernel_*",)
 
@@ -68,7 +68,9 @@ class Result:
 
 
 def progress(msg: str) -> None:
-    print(f"analyze: {msg}", file=sys.stderr, flush=True)
+    """One progress line on stderr, escaped as analyze.say() escapes (a file or range name holding ESC or a
+    newline would recolour the terminal or forge a line: textsafe.terminal)."""
+    print(textsafe.terminal(f"analyze: {msg}"), file=sys.stderr, flush=True)
 
 
 HEARTBEAT_S = 10.0  # the longest silence while a big trace stages (issue 18)

@@ -198,12 +198,29 @@ def run(args: argparse.Namespace) -> int:
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
             for r in cmp[cmp["regression"]].itertuples(index=False):
-                say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, median "
-                    f"{report.fmt_ns(r.base_med_ns)} -> {report.fmt_ns(r.cur_med_ns)} GPU busy per repetition "
-                    f"({r.base_instances} -> {r.cur_instances} repetitions), delta {r.delta_pct}% "
-                    f"(threshold {args.threshold}%)", sys.stderr)
+                say(f"{PROG}: {regression_line(r, args.threshold)}", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
+
+
+def _known(v) -> bool:
+    return not (v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)))
+
+
+def regression_line(r, threshold: float) -> str:
+    """One regressed workload of compare.csv in words; a side without the workload (a FULL OUTER JOIN's NULLs)
+    is said to be missing, never printed as None, <NA> or nan%."""
+    verdicts = (f"{r.base_verdict if _known(r.base_verdict) else 'missing in the baseline'} -> "
+                f"{r.cur_verdict if _known(r.cur_verdict) else 'missing now'}")
+    reps = (f"{int(r.base_instances) if _known(r.base_instances) else 'no'} -> "
+            f"{int(r.cur_instances) if _known(r.cur_instances) else 'no'} repetitions")
+    if _known(r.base_med_ns) and _known(r.cur_med_ns):
+        delta = f"delta {r.delta_pct}%" if _known(r.delta_pct) else "no delta (the baseline's median is 0)"
+        return (f"regression: {r.name}: {verdicts}, median {report.fmt_ns(r.base_med_ns)} -> "
+                f"{report.fmt_ns(r.cur_med_ns)} GPU busy per repetition ({reps}), {delta} (threshold {threshold}%)")
+    gone = " or ".join(side for side, v in (("the baseline", r.base_med_ns), ("this run", r.cur_med_ns))
+                        if not _known(v))
+    return f"regression: {r.name}: {verdicts} ({reps}); no median GPU busy time in {gone}, so no delta"
 
 
 def run_ranks(args: argparse.Namespace) -> int:

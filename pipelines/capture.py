@@ -529,7 +529,11 @@ def guarded(run: runs.RunDir, body) -> int | None:
 
 def finish(run: runs.RunDir, cap, args, ranks: bool = False) -> int:
     """The run complete: renamed, its path printed, then --require-fused's verdict."""
-    final = run.complete()
+    try:
+        final = run.complete()
+    except OSError as e:  # the manifest or the rename failed (a full disk, a folder gone): say so, in one line
+        return fail(PROG, f"--output-dir {args.output_dir}: cannot finish the run ({e.strerror or e}); "
+                          f"what it wrote is in {run.path}", EXIT_USAGE)
     cap.progress(f"complete: {final}")
     print(str(final))
     if args.require_fused:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 from pipelines import analysis, trace_db
 from pipelines.manifest import read_manifest, read_provenance
@@ -32,7 +33,17 @@ def newest_run(root: pathlib.Path) -> pathlib.Path | None:
         return None
     runs = [d for d in root.iterdir() if d.is_dir() and not d.name.startswith(".") and
             (d / "trace.sqlite").is_file() and _status(d) == "complete"]
-    return max(runs, key=lambda d: d.name, default=None)
+    return max(runs, key=lambda d: run_order(d.name), default=None)
+
+
+_SUFFIX = re.compile(r"(.*)\.([0-9]+)")
+
+
+def run_order(name: str) -> tuple[str, int]:
+    """The sort key of a run name: the name without its same-second suffix, then the suffix as a number (none is
+    1, ``.2`` the second run of that second, and ``.10`` comes after ``.9``; docs/contracts.md, section 6)."""
+    m = _SUFFIX.fullmatch(name)
+    return (m.group(1), int(m.group(2))) if m else (name, 1)
 
 
 def resolve(inp: pathlib.Path) -> analysis.Source:

@@ -87,8 +87,8 @@ def csv_bytes(df: pd.DataFrame, columns: list[str]) -> bytes:
             d[c] = d[c].map(textsafe.to_spreadsheet)
         elif _integral_floats(d[c]):
             d[c] = d[c].astype("Int64")  # a count with NULLs comes out of DuckDB as float: 30, not 30.0
-    d.to_csv(buf, index=False)
-    return buf.getvalue().encode()
+    d.to_csv(buf, index=False, lineterminator="\r\n")  # a cell holding a bare CR quoted: textsafe.lf_row_ends
+    return textsafe.lf_row_ends(buf.getvalue()).encode()
 
 
 def _integral_floats(col: pd.Series) -> bool:
@@ -200,7 +200,8 @@ def env_block(result) -> list[tuple[str, str]]:
     for k, v in sorted((m.get("env") or {}).items()):
         if k in ENV_ALLOWED and k not in shown:  # CUDA_VISIBLE_DEVICES comes from the node record too
             rows.append((k, str(v)))
-    return rows
+    # the extension's failure reason names the .so it could not load, in the user's site-packages
+    return [(label, textsafe.scrub_paths(value, spaces=True)) for label, value in rows]
 
 
 def provenance(result) -> dict:
@@ -212,11 +213,18 @@ def provenance(result) -> dict:
         "recorded_at": p.get("recorded_at") or m.get("created_at") or result.meta.get("EXPORT_TIME_UTC") or "unknown",
         "where": p.get("where") or p.get("gpu") or (gpus[0]["name"] if gpus else ""),
         "note": str(p.get("note", "")).rstrip().rstrip("."),  # the template ends the sentence
-        "command": " ".join(map(str, m["command"])) if m.get("command") else p.get("command", ""),
+        "command": textsafe.scrub_command(m["command"]) if m.get("command") else p.get("command", ""),
     }
     # A run's command holds the user's absolute paths (interpreter, --output-dir): shown as the stripped
     # fixtures show them, <path>/<basename>.
     return {k: textsafe.scrub_paths(str(v)) for k, v in out.items()}
+
+
+def scrub_sides(meta: dict) -> dict:
+    """--compare's metadata as the report shows it: each side's path as ``<path>/<basename>`` (compare.json keeps
+    them as given)."""
+    return {k: {**v, "path": textsafe.scrub_argv([v["path"]])[0]} if isinstance(v, dict) and "path" in v else v
+            for k, v in meta.items()}
 
 
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
@@ -256,7 +264,7 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
         "compare": table(compare, ["kind", "name", "base_instances", "cur_instances", "base_med_ns", "cur_med_ns",
                                    "delta_pct", "base_verdict", "cur_verdict", "regression"], short=short)
         if compare is not None else None,
-        "compare_meta": compare_meta or {},
+        "compare_meta": scrub_sides(compare_meta or {}),
         "timelines": timeline.layouts(getattr(result, "timeline", None), fmt_ns),
         "share_ratio": timeline.SHARE_RATIO,
         "first_calls": table(getattr(result, "first_calls", None),

@@ -8,6 +8,7 @@ manifest. A folder named like a run is therefore always a whole one.
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
 import pathlib
@@ -53,12 +54,23 @@ class RunDir:
         write_json_atomic((self.final or self.path) / "manifest.json", self.manifest)
 
     def _rename(self, name: str) -> pathlib.Path:
-        # Two runs of the same workloads in the same second would collide: the later one gets a suffix.
+        """Move the finished folder to ``name``, or to ``name.2``, ``name.3``, ... where that is taken (two runs
+        of the same workloads in the same second). The rename itself is the claim: a directory renamed onto a
+        non-empty one fails (POSIX: EEXIST or ENOTEMPTY; ENOTDIR where a file holds the name) and this run,
+        which holds its manifest by now, is never empty; so of several runs finishing at once each lands under
+        its own name. Checking that a name is free and then renaming lost that race."""
         target, n = self.output_dir / name, 1
-        while target.exists():
+        while True:
+            try:
+                os.rename(self.path, target)
+                break
+            except (FileExistsError, NotADirectoryError):
+                pass
+            except OSError as e:
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
             n += 1
             target = self.output_dir / f"{name}.{n}"
-        os.rename(self.path, target)
         self.final = target
         return target
 

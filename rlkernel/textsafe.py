@@ -2,15 +2,19 @@
 tools/traces/strip_export.py share it.
 
 - :func:`scrub_paths`: absolute paths -> ``<path>/<basename>`` (what the stripped fixtures hold, and what a report
-  shows of a run's command line: no user names or home directories).
+  shows of paths: no user names or home directories); :func:`scrub_argv` / :func:`scrub_command` a command
+  line argument by argument.
 - :func:`to_spreadsheet` / :func:`from_spreadsheet`: CSV formula injection. A spreadsheet evaluates a cell that
   begins with ``=``, ``+``, ``-`` or ``@`` (and some strip a leading tab or CR first), so a kernel name or an
   NVTX message like ``=HYPERLINK(...)`` would run as a formula. Every CSV written for people (the analyzer's
   tables, the profile suite's report) passes its *text* cells through :func:`to_spreadsheet`, which puts one
   ``'`` in front of such a cell (and of one that already begins with ``'``, so the mapping can be undone
-  exactly); numbers, and text that is a plain number (``-1.5``), are left alone. ``'`` is what a spreadsheet
-  itself takes as "this cell is text" and does not show. :func:`from_spreadsheet` undoes it: a program that
-  reads these CSVs back (and the tests that compare their names with nsys's) drops one leading ``'``.
+  exactly); each line of a cell after a CR or LF is treated the same (a reader that ends the row at a bare CR
+  would start a row with it); numbers, and text that is a plain number (``-1.5``), are left alone. ``'`` is
+  what a spreadsheet itself takes as "this cell is text" and does not show. :func:`from_spreadsheet` undoes
+  it: a program that reads these CSVs back (and the tests that compare their names with nsys's) drops one
+  leading ``'``. :func:`lf_row_ends`: the CSVs are written with CRLF row ends, so that the csv module quotes a
+  cell holding a bare CR (with LF alone it does not, and readers split the row there), then given LF ones.
   ``ncu.csv`` in a run directory is an input the analyzer joins on, never neutralised.
 - :func:`terminal` and :func:`visible`: control characters in names (NUL, ESC, newlines, C1 codes, bidi
   controls) reach the terminal escaped (``\\x1b``, ``\\n``: no colour change, no forged line) and the HTML as
@@ -31,11 +35,23 @@ def _basename(m: re.Match) -> str:
     return f"<path>/{parts[-1]}" if parts else m.group(0)
 
 
-def scrub_paths(value):
-    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is."""
+# With spaces=True a path token goes on over a space and a word holding a "/" (``/home/user name/venv/x.so``),
+# for free text such as an error message, where a path with spaces cannot be told apart otherwise.
+_SPACED_PATH = re.compile(PATH_TOKEN.pattern + r"""(?: [^\s"'`,;()\[\]{}<>|/]*/[^\s"'`,;()\[\]{}<>|]*)*""")
+
+
+def scrub_paths(value, spaces: bool = False):
+    """Every absolute path token of a string -> ``<path>/<basename>``; anything else is returned as is. With
+    ``spaces``, a token takes in the words after it that hold a "/" (a path with spaces, in a message)."""
     if not isinstance(value, str) or "/" not in value:
         return value
-    return PATH_TOKEN.sub(_basename, value)
+    return (_SPACED_PATH if spaces else PATH_TOKEN).sub(_basename, value)
+
+
+def scrub_command(argv) -> str:
+    """A command line to show: each argument scrubbed (:func:`scrub_argv`), then joined by spaces; joining
+    first would cut a path with spaces in two and leave its first part's directories in view."""
+    return " ".join(scrub_argv(argv))
 
 
 # What a spreadsheet may take as the start of a formula; "'" is included so that to_spreadsheet is reversible.
@@ -43,19 +59,44 @@ FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r", "'")
 NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 
 
+# A line start inside a cell (after CR or LF) whose first character a spreadsheet may take for a formula: a reader
+# that ends the row there (a bare CR splits rows in many) would start a new row with it.
+_INNER_LEAD = re.compile("(?<=[\r\n])(?=[=+\\-@\t\r'])")
+_INNER_QUOTED = re.compile("(?<=[\r\n])'(?=[=+\\-@\t\r'])")
+
+
 def to_spreadsheet(value):
-    """A CSV cell safe to open in a spreadsheet: text that begins with = + - @ tab CR or ' gets a leading ';
-    anything else (numbers, None, text that is a plain number) is returned as is."""
-    if isinstance(value, str) and value[:1] in FORMULA_LEADS and not NUMBER.fullmatch(value):
+    """A CSV cell safe to open in a spreadsheet: text that begins with = + - @ tab CR or ' gets a leading ', and
+    so does each line of it after a CR or LF that begins so; anything else (numbers, None, text that is a plain
+    number) is returned as is."""
+    if not isinstance(value, str):
+        return value
+    if "\r" in value or "\n" in value:
+        value = _INNER_LEAD.sub("'", value)
+    if value[:1] in FORMULA_LEADS and not NUMBER.fullmatch(value):
         return "'" + value
     return value
 
 
 def from_spreadsheet(value):
-    """The text :func:`to_spreadsheet` was given: one leading ' dropped (text cells only)."""
-    if isinstance(value, str) and value[:1] == "'" and value[1:2] in FORMULA_LEADS and value[1:2]:
+    """The text :func:`to_spreadsheet` was given: one leading ' dropped, at the start and after each CR or LF
+    (text cells only)."""
+    if not isinstance(value, str):
+        return value
+    if "\r" in value or "\n" in value:
+        value = _INNER_QUOTED.sub("", value)
+    if value[:1] == "'" and value[1:2] in FORMULA_LEADS and value[1:2]:
         return value[1:]
     return value
+
+
+def lf_row_ends(text: str) -> str:
+    """CSV text written with CRLF row ends (every cell holding a CR or LF quoted) -> LF row ends: CRLF is
+    replaced outside quoted cells only (the even-numbered pieces between '"'; a doubled "" inside a cell is an
+    empty outside piece), so a cell's own CR LF stays as it was."""
+    parts = text.split('"')
+    parts[::2] = [p.replace("\r\n", "\n") for p in parts[::2]]
+    return '"'.join(parts)
 
 
 _C_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

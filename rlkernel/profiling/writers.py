@@ -16,7 +16,7 @@ import secrets
 from pathlib import Path
 
 from rlkernel.profiling.rows import COLUMNS
-from rlkernel.textsafe import to_spreadsheet
+from rlkernel.textsafe import lf_row_ends, to_spreadsheet
 
 REPORT_VERSION = "1.0"
 SUFFIXES = (".csv", ".json")  # every file a run may write: a stem with any of them taken is someone else's
@@ -68,11 +68,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def csv_text(rows: list[dict]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
+    # CRLF while writing, so a cell holding a bare CR is quoted too, then LF row ends (textsafe.lf_row_ends)
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\r\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row[k] is None else to_spreadsheet(row[k])) for k in COLUMNS})
-    return buf.getvalue()
+    return lf_row_ends(buf.getvalue())
 
 
 def json_text(rows: list[dict], *, command: str, node: dict, generated_at: str) -> str:
