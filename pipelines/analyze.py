@@ -18,10 +18,20 @@ import pandas as pd
 from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    message_prefix,
+    prog_name,
+)
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
-PROG = "pipelines.analyze"
+MODULE = "pipelines.analyze"
+PROG = MODULE  # what its lines start with: main sets the name the user typed (rlkernel-analyze, ...)
 
 # --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
 # parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
@@ -29,10 +39,10 @@ _OUT_HINT = ("did you mean --out? it names the report folder itself, replaced wh
              "profile suite's --output-dir name a parent folder")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     p = OneLineParser(
         hints={f: _OUT_HINT for f in ("--output-dir", "--outdir", "--out-dir", "--output", "--output-directory")},
-        prog="python -m pipelines.analyze",
+        prog=prog,
         description="Analyze nsys SQLite exports with DuckDB: kernel and NVTX-range summaries equal to nsys stats, "
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
@@ -254,12 +264,12 @@ def say(line: str, file=None) -> None:
     print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
-def verdict(argv) -> tuple[int, str]:
+def verdict(argv, prog: str = f"python -m {MODULE}") -> tuple[int, str]:
     """The analyzer run as ``main`` runs it (reports written, the lines of its checks printed), returning its exit
     code and, for a 2 or 3, the one-line reason instead of printing it ("" otherwise): what a caller that judges a
     run (``pipelines.capture --require-fused``) reads, rather than scraping stderr."""
     try:
-        args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
+        args = parser(prog).parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
         return run(args), ""
     except CliError as e:
         return e.code, str(e)
@@ -270,7 +280,10 @@ def verdict(argv) -> tuple[int, str]:
 
 
 def main(argv=None) -> int:
-    rc, why = verdict(argv)
+    global PROG  # one CLI run per process: its lines name the command as typed, a caller's argv the module
+    prog = prog_name(MODULE, sys.argv[0] if argv is None else None)
+    PROG = message_prefix(prog)
+    rc, why = verdict(argv, prog)
     if why:
         say(f"{PROG}: {why}", sys.stderr)
     return rc
