@@ -120,11 +120,15 @@ class Heartbeat:
 
 
 def registry() -> dict[str, dict]:
-    """name -> {fused_ops, fused_patterns, path} from rlkernel.workloads; {} where it cannot be imported."""
-    try:
-        from rlkernel import workloads
-    except Exception:  # noqa: BLE001 - no torch, a broken tree: a bare trace still analyzes
-        return {}
+    """name -> {fused_ops, fused_patterns, path}: the torch-free catalog of the registry
+    (rlkernel.workload_catalog), or the live registry where rlkernel.workloads is imported already (a caller in
+    the same process may have registered workloads of its own); never an import of torch for it."""
+    workloads = sys.modules.get("rlkernel.workloads")
+    if workloads is None:
+        from rlkernel.workload_catalog import CATALOG
+
+        return {name: {k: (list(v) if isinstance(v, list) else v) for k, v in entry.items() if k != "op"}
+                for name, entry in CATALOG.items()}
     out = {}
     for name in workloads.names():
         w = workloads.get(name)
