@@ -86,7 +86,7 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=_nonneg, default=50, help="sampling top-k, 0 = all (default 50)")
     ap.add_argument("--top-p", type=_float, default=0.9, help="sampling top-p in (0, 1] (default 0.9)")
     ap.add_argument("--temperature", type=_float, default=1.0,
-                    help="> 0 (0 = argmax, sampling workloads only) (default 1.0)")
+                    help="the logits are divided by it: > 0; sampling workloads also take 0 (argmax) (default 1.0)")
     ap.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     ap.add_argument("--warmup", type=_nonneg, help="untimed repetitions per row (default 3)")
     ap.add_argument("--repeat", type=_positive, help="timed repetitions per row (default 10)")
