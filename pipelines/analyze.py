@@ -82,7 +82,8 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="--compare: write the comparison even when the runs are not comparable (another GPU model, "
                         "other workloads or shapes, another kernel set), marked as not comparable; without it such "
-                        "a comparison exits 2 saying why")
+                        "a comparison exits 2 saying why. With it the exit code is the comparison's (0, or 1 on a "
+                        "regression), and one line on stderr says why the runs were not comparable")
     p.add_argument("--ranks", metavar="DIR", type=pathlib.Path,
                    help="a folder of per-rank exports or run directories (rank from `rank<N>` in the names, else "
                         "the sorted order), or one multi-process export split by process (the processes with GPU "
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
-    paths = [pathlib.Path(i) for i in args.inputs] or [inputs.default_input()]
+    paths = [pathlib.Path(i) for i in args.inputs] or [default_input()]
     sources = [inputs.resolve(i) for i in paths]
     base_src = inputs.resolve(args.compare) if args.compare is not None else None
     outs = [inputs.out_dir_for(s, args.out, len(sources) > 1) for s in sources]
@@ -207,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
             say(f"{PROG}: host sync: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
+            if meta and not meta["comparable"]:
+                say(f"{PROG}: --force: compared although not comparable ({'; '.join(meta['reasons'])}); the "
+                    "comparison is marked so, and only a regression makes the exit code 1", sys.stderr)
+            for r in cmp[cmp["kind"] == "workload"].itertuples(index=False):
+                say(compare_line(r))
             for r in cmp[cmp["regression"]].itertuples(index=False):
                 say(f"{PROG}: regression: {r.name}: {r.base_verdict} -> {r.cur_verdict}, median "
                     f"{report.fmt_ns(r.base_med_ns)} -> {report.fmt_ns(r.cur_med_ns)} GPU busy per repetition "
@@ -214,6 +220,32 @@ def run(args: argparse.Namespace) -> int:
                     f"(threshold {args.threshold}%)", sys.stderr)
                 rc = EXIT_CHECK_FAILED
     return rc
+
+
+def default_input() -> pathlib.Path:
+    """inputs.default_input, said on the terminal: a bare command must not leave the reader guessing what it read."""
+    path = inputs.default_input()
+    if path == inputs.EXAMPLE_DIR:
+        say(f"{PROG}: no INPUT given and no complete run under ./runs: analysing the example trace bundled with the "
+            f"package ({path})", sys.stderr)
+    else:
+        say(f"{PROG}: no INPUT given: analysing the newest complete run under ./runs, {path}", sys.stderr)
+    return path
+
+
+def compare_line(r) -> str:
+    """One terminal line per workload of --compare: its change in median GPU busy time per repetition, gated or not."""
+    if pd.isna(r.base_med_ns) or pd.isna(r.cur_med_ns):
+        change = "only in the baseline" if pd.isna(r.cur_med_ns) else "not in the baseline"
+    else:
+        change = f"{r.delta_pct:+.1f} % GPU busy vs baseline" if not pd.isna(r.delta_pct) else "no baseline time"
+    if r.regression:
+        verdict = "REGRESSION" + (f" ({r.base_verdict} -> {r.cur_verdict})" if r.base_verdict != r.cur_verdict else "")
+    elif r.base_verdict == r.cur_verdict == "native":
+        verdict = "no regression (native workload: not gated)"
+    else:
+        verdict = "no regression"
+    return f"  {r.name}: {change}, {verdict}"
 
 
 def run_ranks(args: argparse.Namespace) -> int:
