@@ -14,7 +14,7 @@ from rlkernel.cli import message_prefix, prog_name
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"rlkernel-analyze": "pipelines.analyze", "rlkernel-capture": "pipelines.capture",
-           "rlkernel-profile": "rlkernel.profiling.cli"}
+           "rlkernel-profile": "rlkernel.profiling.cli", "rlkernel-build": "rlkernel.build"}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_prog_name_forms():
 
 
 def test_console_scripts_name_themselves_in_usage_and_errors(bin_dir):
-    for script in ("rlkernel-analyze", "rlkernel-capture"):
+    for script in ("rlkernel-analyze", "rlkernel-capture", "rlkernel-build"):
         bad = _run(bin_dir, script, "--bogus")
         assert bad.returncode == 2
         assert bad.stderr.strip().splitlines() == [f"{script}: unrecognized arguments: --bogus (see --help)"]
@@ -65,3 +65,5 @@ def test_python_m_names_the_module(bin_dir):
     assert bad.stderr.strip().splitlines() == ["pipelines.analyze: unrecognized arguments: --bogus (see --help)"]
     helped = _run(bin_dir, sys.executable, "-m", "pipelines.analyze", "--help")
     assert helped.stdout.startswith("usage: python -m pipelines.analyze [")
+    bad = _run(bin_dir, sys.executable, "-m", "rlkernel.build", "--bogus")
+    assert bad.stderr.strip().splitlines() == ["rlkernel.build: unrecognized arguments: --bogus (see --help)"]
