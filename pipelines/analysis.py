@@ -86,21 +86,22 @@ class Heartbeat:
 
     def __init__(self, label: str, every: float = HEARTBEAT_S):
         self.label, self.every, self.t0 = label, every, time.perf_counter()
-        self.phase, self.step, self.frac, self._stop = "staging", "", 0.0, threading.Event()
+        self.phase, self.step, self.at, self._stop = "staging", "", (0, 0), threading.Event()
         self._lock = threading.Lock()
         self._last, self._said = self.t0, False
 
     def _say(self, still: bool) -> None:
         with self._lock:
             self._last, self._said = time.perf_counter(), True
-            progress(f"{self.label}: {'still ' if still else ''}{self.phase} {self.step} ({self.frac:.0%} of "
-                     f"{self.phase} done, {self._last - self.t0:.1f} s)")
+            # the step now running, k of n: a "0 % done" for the first step read as if nothing had been done
+            progress(f"{self.label}: {'still ' if still else ''}{self.phase} {self.step} (step {self.at[0]} of "
+                     f"{self.at[1]}, {self._last - self.t0:.1f} s)")
 
     def __call__(self, step: str, done: int, total: int, phase: str | None = None) -> None:
         """A new step: said at once unless something was said in the last fifth of a heartbeat (small traces
         stay quiet); the heartbeat says it later if it runs long."""
         self.phase = phase or self.phase
-        self.step, self.frac = step, done / max(total, 1)
+        self.step, self.at = step, (done + 1, max(total, 1))
         if not self._said or time.perf_counter() - self._last >= self.every / 5:
             self._say(False)
 
@@ -122,11 +123,15 @@ class Heartbeat:
 
 
 def registry() -> dict[str, dict]:
-    """name -> {fused_ops, fused_patterns, path} from rlkernel.workloads; {} where it cannot be imported."""
-    try:
-        from rlkernel import workloads
-    except Exception:  # noqa: BLE001 - no torch, a broken tree: a bare trace still analyzes
-        return {}
+    """name -> {fused_ops, fused_patterns, path}: the torch-free catalog of the registry
+    (rlkernel.workload_catalog), or the live registry where rlkernel.workloads is imported already (a caller in
+    the same process may have registered workloads of its own); never an import of torch for it."""
+    workloads = sys.modules.get("rlkernel.workloads")
+    if workloads is None:
+        from rlkernel.workload_catalog import CATALOG
+
+        return {name: {k: (list(v) if isinstance(v, list) else v) for k, v in entry.items() if k != "op"}
+                for name, entry in CATALOG.items()}
     out = {}
     for name in workloads.names():
         w = workloads.get(name)

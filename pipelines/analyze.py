@@ -18,10 +18,20 @@ import pandas as pd
 from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    message_prefix,
+    prog_name,
+)
 
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
-PROG = "pipelines.analyze"
+MODULE = "pipelines.analyze"
+PROG = MODULE  # what its lines start with: main sets the name the user typed (rlkernel-analyze, ...)
 
 # --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
 # parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
@@ -29,10 +39,10 @@ _OUT_HINT = ("did you mean --out? it names the report folder itself, replaced wh
              "profile suite's --output-dir name a parent folder")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     p = OneLineParser(
         hints={f: _OUT_HINT for f in ("--output-dir", "--outdir", "--out-dir", "--output", "--output-directory")},
-        prog="python -m pipelines.analyze",
+        prog=prog,
         description="Analyze nsys SQLite exports with DuckDB: kernel and NVTX-range summaries equal to nsys stats, "
                     "fused/native/fallback verdicts per op call and workload repetition, CSV + one HTML report.",
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
@@ -72,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true",
                    help="--compare: write the comparison even when the runs are not comparable (another GPU model, "
                         "other workloads or shapes, another kernel set), marked as not comparable; without it such "
-                        "a comparison exits 2 saying why")
+                        "a comparison exits 2 saying why. With it the exit code is the comparison's (0, or 1 on a "
+                        "regression), and one line on stderr says why the runs were not comparable")
     p.add_argument("--ranks", metavar="DIR", type=pathlib.Path,
                    help="a folder of per-rank exports or run directories (rank from `rank<N>` in the names, else "
                         "the sorted order), or one multi-process export split by process (the processes with GPU "
@@ -163,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
-    paths = [pathlib.Path(i) for i in args.inputs] or [inputs.default_input()]
+    paths = [pathlib.Path(i) for i in args.inputs] or [default_input()]
     sources = [inputs.resolve(i) for i in paths]
     base_src = inputs.resolve(args.compare) if args.compare is not None else None
     outs = [inputs.out_dir_for(s, args.out, len(sources) > 1) for s in sources]
@@ -197,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
             say(f"{PROG}: host sync: {f}", sys.stderr)
             rc = EXIT_CHECK_FAILED
         if cmp is not None:
+            if meta and not meta["comparable"]:
+                say(f"{PROG}: --force: compared although not comparable ({'; '.join(meta['reasons'])}); the "
+                    "comparison is marked so, and only a regression makes the exit code 1", sys.stderr)
+            for r in cmp[cmp["kind"] == "workload"].itertuples(index=False):
+                say(compare_line(r))
             for r in cmp[cmp["regression"]].itertuples(index=False):
                 say(f"{PROG}: {regression_line(r, args.threshold)}", sys.stderr)
                 rc = EXIT_CHECK_FAILED
@@ -221,6 +237,32 @@ def regression_line(r, threshold: float) -> str:
     gone = " or ".join(side for side, v in (("the baseline", r.base_med_ns), ("this run", r.cur_med_ns))
                         if not _known(v))
     return f"regression: {r.name}: {verdicts} ({reps}); no median GPU busy time in {gone}, so no delta"
+
+
+def default_input() -> pathlib.Path:
+    """inputs.default_input, said on the terminal: a bare command must not leave the reader guessing what it read."""
+    path = inputs.default_input()
+    if path == inputs.EXAMPLE_DIR:
+        say(f"{PROG}: no INPUT given and no complete run under ./runs: analysing the example trace bundled with the "
+            f"package ({path})", sys.stderr)
+    else:
+        say(f"{PROG}: no INPUT given: analysing the newest complete run under ./runs, {path}", sys.stderr)
+    return path
+
+
+def compare_line(r) -> str:
+    """One terminal line per workload of --compare: its change in median GPU busy time per repetition, gated or not."""
+    if pd.isna(r.base_med_ns) or pd.isna(r.cur_med_ns):
+        change = "only in the baseline" if pd.isna(r.cur_med_ns) else "not in the baseline"
+    else:
+        change = f"{r.delta_pct:+.1f} % GPU busy vs baseline" if not pd.isna(r.delta_pct) else "no baseline time"
+    if r.regression:
+        verdict = "REGRESSION" + (f" ({r.base_verdict} -> {r.cur_verdict})" if r.base_verdict != r.cur_verdict else "")
+    elif r.base_verdict == r.cur_verdict == "native":
+        verdict = "no regression (native workload: not gated)"
+    else:
+        verdict = "no regression"
+    return f"  {r.name}: {change}, {verdict}"
 
 
 def run_ranks(args: argparse.Namespace) -> int:
@@ -271,12 +313,12 @@ def say(line: str, file=None) -> None:
     print(textsafe.terminal(line), file=file or sys.stdout, flush=True)
 
 
-def verdict(argv) -> tuple[int, str]:
+def verdict(argv, prog: str = f"python -m {MODULE}") -> tuple[int, str]:
     """The analyzer run as ``main`` runs it (reports written, the lines of its checks printed), returning its exit
     code and, for a 2 or 3, the one-line reason instead of printing it ("" otherwise): what a caller that judges a
     run (``pipelines.capture --require-fused``) reads, rather than scraping stderr."""
     try:
-        args = parser().parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
+        args = parser(prog).parse_args(argv)  # bad usage: CliError, one line and exit 2 (not argparse's usage block)
         return run(args), ""
     except CliError as e:
         return e.code, str(e)
@@ -287,7 +329,10 @@ def verdict(argv) -> tuple[int, str]:
 
 
 def main(argv=None) -> int:
-    rc, why = verdict(argv)
+    global PROG  # one CLI run per process: its lines name the command as typed, a caller's argv the module
+    prog = prog_name(MODULE, sys.argv[0] if argv is None else None)
+    PROG = message_prefix(prog)
+    rc, why = verdict(argv, prog)
     if why:
         say(f"{PROG}: {why}", sys.stderr)
     return rc

@@ -41,16 +41,19 @@ from rlkernel.cli import (
     OneLineParser,
     check_env_flags,
     fail,
+    message_prefix,
+    prog_name,
 )
 
-PROG = "pipelines.capture"
+MODULE = "pipelines.capture"
+PROG = MODULE  # what its lines start with: main sets the name the user typed (rlkernel-capture, ...)
 HEARTBEAT_S = 30.0  # a progress line at least this often while a profiler runs
 POLL_S = 0.5  # how often side-by-side ranks are checked for one that failed
 _KEYS = ("op", "requested", "backend", "status", "reason")  # a dispatch record's identity
 _ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
 EPILOG = """\
-your own command: python -m pipelines.capture [--steps A:B] [--name NAME] [--trace LIST] [--output-dir DIR]
+your own command: {prog} [--steps A:B] [--name NAME] [--trace LIST] [--output-dir DIR]
   [--nsys PATH] [--require-fused] -- CMD [ARGS...]
   runs CMD under nsys (--trace, default cuda,nvtx,osrt; child processes followed: torchrun, accelerate launch)
   into <UTC timestamp>-<name>/; CMD's output comes through and its exit code is capture's (nonzero: the run is
@@ -65,16 +68,16 @@ exit codes (docs/contracts.md, section 5):
      package, or what the analyzer needs for --require-fused (its exit 3: the DuckDB sqlite extension)
   N  with -- CMD: the command's own nonzero exit code (128 + S when signal S ended it)
   130, 143, 129  SIGINT, SIGTERM or SIGHUP ended the capture (the run is kept as -failed, its children ended)
-On the project's GPU node run `source .node-kit/env.sh` first: it puts the nsys bundled with Nsight Compute
-and the libraries its importer needs in place."""
+nsys not found: install Nsight Systems (or Nsight Compute, which bundles it) or pass --nsys PATH."""
 
 
-def build_parser(command: bool = False) -> argparse.ArgumentParser:
+def build_parser(command: bool = False, prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     """The registry parser, or with ``command`` the one for ``-- CMD`` (torch-free: it lists no workload, and the
     --workload options are answered as such)."""
     hints = dict(OUTPUT_DIR_HINTS, **(capture_command.registry_hints() if command else {}))
-    ap = OneLineParser(prog=f"python -m {PROG}", description=__doc__.splitlines()[0].split(": ", 1)[1],
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, hints=hints)
+    ap = OneLineParser(prog=prog, description=__doc__.splitlines()[0].split(": ", 1)[1],
+                       epilog=EPILOG.format(prog=prog), formatter_class=argparse.RawDescriptionHelpFormatter,
+                       hints=hints)
     if not command:
         registry_options(ap)
     ap.add_argument("--output-dir", default="runs",
@@ -99,21 +102,24 @@ def build_parser(command: bool = False) -> argparse.ArgumentParser:
 
 
 def registry_options(ap: argparse.ArgumentParser) -> None:
-    from rlkernel import workloads
+    # the catalog, not rlkernel.workloads: --help must not pay torch's start-up (5-10 s)
+    from rlkernel import workload_catalog
 
     ap.add_argument("--workload", action="append", metavar="NAME",
-                    help=f"registry workload, repeatable: {', '.join(workloads.names())}")
+                    help=f"registry workload, repeatable: {', '.join(workload_catalog.names())}")
     ap.add_argument("--tool", choices=("nsys", "ncu", "all"), default="nsys", help="profiler(s) to run (default nsys)")
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=512, help="ignored by sampling workloads (one row per sequence)")
-    ap.add_argument("--vocab-size", type=int, default=128256)
-    ap.add_argument("--dtype", choices=tuple(workloads.DTYPES), default="bfloat16")
-    ap.add_argument("--top-k", type=int, default=50, help="sampling: keep the k most probable (0 = all)")
-    ap.add_argument("--top-p", type=float, default=0.9, help="sampling: nucleus mass, in (0, 1]")
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--batch-size", type=int, default=8, help="sequences (default 8)")
+    ap.add_argument("--seq-len", type=int, default=512,
+                    help="tokens per sequence, ignored by sampling workloads (one row per sequence) (default 512)")
+    ap.add_argument("--vocab-size", type=int, default=128256, help="vocabulary size (default 128256)")
+    ap.add_argument("--dtype", choices=workload_catalog.DTYPE_NAMES, default="bfloat16",
+                    help="logits dtype (default bfloat16)")
+    ap.add_argument("--top-k", type=int, default=50, help="sampling: keep the k most probable, 0 = all (default 50)")
+    ap.add_argument("--top-p", type=float, default=0.9, help="sampling: nucleus mass, in (0, 1] (default 0.9)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="the logits are divided by it, > 0 (default 1.0)")
     ap.add_argument("--warmup", type=int, default=3, help="runs per workload outside any range (default 3)")
     ap.add_argument("--repeat", type=int, default=5, help="repetitions per workload, each in its range (default 5)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--ncu", metavar="PATH", help="ncu to use (else $NCU, PATH, $CUDA_HOME/bin, /opt/nvidia)")
     ap.add_argument("--keep-ncu-rep", action="store_true",
                     help="keep ncu's reports ncu-<workload>.ncu-rep in the run (for ncu-ui; they embed the kernels' "
@@ -436,8 +442,8 @@ def preflight(args, environ) -> dict:
     if args.tool in ("ncu", "all"):
         found["ncu"] = tools.find("ncu", args.ncu, environ)
     if importlib.util.find_spec("nvtx") is None:
-        raise CliError("the nvtx Python package is missing (pip install nvtx; on the GPU node "
-                       "`source .node-kit/env.sh`): without it the trace has no workload ranges", EXIT_BLOCKED)
+        raise CliError("the nvtx Python package is missing (pip install nvtx): without it the trace "
+                       "has no workload ranges", EXIT_BLOCKED)
     if args.require_fused and importlib.util.find_spec("pipelines.analyze") is None:
         raise CliError("--require-fused needs pipelines.analyze, which is not in this tree yet; "
                        "capture without --require-fused", EXIT_BLOCKED)
@@ -446,8 +452,8 @@ def preflight(args, environ) -> dict:
 
         if not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-            raise CliError(f"no CUDA device visible (torch {torch.__version__}, {build}); run on a GPU node "
-                           "(there: `source .node-kit/env.sh`), or --device cpu to test the pipeline", EXIT_BLOCKED)
+            raise CliError(f"no CUDA device visible (torch {torch.__version__}, {build}); run on a machine with "
+                           "a GPU and a CUDA build of torch, or --device cpu to test the pipeline", EXIT_BLOCKED)
     return found
 
 
@@ -484,12 +490,15 @@ def require_fused(final: pathlib.Path, manifest: dict, ranks: bool = False) -> t
 
 
 def main(argv=None) -> int:
+    global PROG  # one CLI run per process: its lines name the command as typed, a caller's argv the module
+    prog = prog_name(MODULE, sys.argv[0] if argv is None else None)
+    PROG = message_prefix(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[argv.index("--") + 1:] if "--" in argv else None
     try:
         if command is not None:
-            return main_command(argv, argv[:argv.index("--")], command)
-        args = build_parser().parse_args(argv)
+            return main_command(argv, argv[:argv.index("--")], command, prog)
+        args = build_parser(prog=prog).parse_args(argv)
         validate(args)
         check_env_flags()  # before any run directory: a bad value would fail the child, and keep a -failed run
         environ = dict(os.environ, PYTHONUNBUFFERED="1",
@@ -557,7 +566,7 @@ def capture(args, argv, found, environ) -> int:
     except OSError as e:  # e.g. a folder without write permission
         return fail(PROG, f"--output-dir {args.output_dir}: {e.strerror or e}", EXIT_USAGE)
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)
-    run.manifest.update(command=[sys.executable, "-m", PROG, *argv], node=env.describe(), env=allowed_env(environ),
+    run.manifest.update(command=[sys.executable, "-m", MODULE, *argv], node=env.describe(), env=allowed_env(environ),
                         tools={n: t.record() for n, t in found.items()},
                         workloads=[workloads.get(n).manifest_entry(shape, getattr(torch, args.dtype), args.warmup,
                                                                    args.repeat) for n in args.workload])
@@ -575,11 +584,11 @@ def capture(args, argv, found, environ) -> int:
 
 # ---- -- CMD: a command of your own -----------------------------------------------------------------------
 
-def main_command(argv: list[str], options: list[str], command: list[str]) -> int:
+def main_command(argv: list[str], options: list[str], command: list[str], prog: str = f"python -m {MODULE}") -> int:
     """``capture [options] -- CMD ...``: no torch is imported on this path (test_capture_command checks it)."""
     if not command:
         raise CliError("-- must be followed by the command to capture (see --help)")
-    args = build_parser(command=True).parse_args(options)
+    args = build_parser(command=True, prog=prog).parse_args(options)
     window = capture_command.validate(args)
     check_output_dir(args.output_dir)
     check_env_flags()
@@ -594,7 +603,7 @@ def main_command(argv: list[str], options: list[str], command: list[str]) -> int
         raise CliError(f"--output-dir {args.output_dir}: {e.strerror or e}") from None
     say_tools(found)
     environ = capture_command.command_environ(os.environ, window)
-    run.manifest.update(command=textsafe.scrub_argv([sys.executable, "-m", PROG, *argv]),
+    run.manifest.update(command=textsafe.scrub_argv([sys.executable, "-m", MODULE, *argv]),
                         env=allowed_env(environ), tools={n: t.record() for n, t in found.items()},
                         target={"argv": textsafe.scrub_argv(command), "name": name,
                                 "steps": list(window) if window else None, "exit_code": None, "signal": None,

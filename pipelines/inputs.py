@@ -61,6 +61,10 @@ def _resolve(inp: pathlib.Path) -> analysis.Source:
         if not trace.is_file():
             why = f" (the capture failed: {manifest.get('error')})" if manifest and manifest.get("status") == "failed" \
                 else ""
+            exports = _exports_in(inp)
+            if exports and not why:  # per-rank exports (nsys per rank, capture --ranks): one job's ranks
+                raise trace_db.TraceError(f"{inp}: no trace.sqlite, but {exports} exports in it: for the ranks of one "
+                                          f"job use --ranks {inp}; for one of them pass its file")
             raise trace_db.TraceError(f"{inp}: run directory without a trace (no trace.sqlite){why}")
         prov = None
         if (inp / "recorded.json").is_file():
@@ -73,6 +77,15 @@ def _resolve(inp: pathlib.Path) -> analysis.Source:
     if not inp.exists():
         raise trace_db.TraceError(f"{inp}: no such file or directory")
     return analysis.Source(inp)
+
+
+def _exports_in(folder: pathlib.Path) -> int:
+    """How many nsys exports a folder without trace.sqlite holds: *.sqlite files, or run directories' traces."""
+    try:
+        return sum(1 for e in folder.iterdir()
+                   if (e.is_file() and e.suffix == ".sqlite") or (e.is_dir() and (e / "trace.sqlite").is_file()))
+    except OSError:
+        return 0
 
 
 def default_input() -> pathlib.Path:

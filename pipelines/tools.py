@@ -18,8 +18,7 @@ from rlkernel.cli import EXIT_BLOCKED, EXIT_USAGE, CliError
 OPT_ROOT = "/opt/nvidia"  # tests point this at a temporary tree
 
 _INSTALL_HINT = {
-    "nsys": "install Nsight Systems, or on the project's GPU node run `source .node-kit/env.sh`, "
-            "or pass --nsys PATH",
+    "nsys": "install Nsight Systems or pass --nsys PATH",
     "ncu": "install Nsight Compute (it ships with the CUDA toolkit), or pass --ncu PATH",
 }
 
@@ -143,5 +142,5 @@ def diagnose_qdstrm(nsys_path: str, qdstrm: str) -> str:
     where = importers[0] if importers else "QdstrmImporter (not found next to nsys)"
     lacks = f"it cannot load {', '.join(libs)}" if libs else "it could not start (e.g. a missing libdw.so.1)"
     return (f"nsys left only {os.path.basename(qdstrm)}, no .nsys-rep: its importer {where} did not run, {lacks}; "
-            "fix: on the project's GPU node `source .node-kit/env.sh` (puts the kit's libdw.so.1 and libelf.so.1 "
-            "on LD_LIBRARY_PATH), elsewhere install them (Debian/Ubuntu: apt-get install libdw1 libelf1)")
+            "fix: install them (Debian/Ubuntu: apt-get install libdw1 libelf1) or put a folder holding them on "
+            "LD_LIBRARY_PATH")

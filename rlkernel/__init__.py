@@ -18,12 +18,18 @@ _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.li
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),
          "integrations": ("rlkernel.integrations", None),
          "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
-         "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning"),
          # torch-free: a process marks its phases without importing torch (rlkernel.phases)
          "phase": ("rlkernel.phases", "phase"), "step": ("rlkernel.phases", "step"),
          "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end"),
          # whether the fused path is available, where rlkernel._C came from, why not (builds nothing)
          "fused_status": ("rlkernel._ext", "fused_status")}
+
+
+class FallbackWarning(UserWarning):
+    """backend="auto" wanted the fused path and ran native instead (said once per op and reason): expected on a
+    CPU or without the built extension. Defined here, not in torch-importing ``rlkernel.dispatch`` (which
+    re-exports it), so that ``python -W ignore::rlkernel.FallbackWarning`` works: Python resolves ``-W``
+    categories at start-up, before torch can be imported."""
 
 
 def __getattr__(name):

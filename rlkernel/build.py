@@ -11,9 +11,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser, fail
+from rlkernel.cli import (
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    fail,
+    message_prefix,
+    prog_name,
+)
 
-PROG = "rlkernel-build"
+PROG = "rlkernel-build"  # what its lines start with: main sets the name the user typed (python -m rlkernel.build)
 EPILOG = """\
 The cache is $RLKERNEL_CACHE_DIR (default ~/.cache/rlkernel); an entry is keyed by the sources' hash, the torch and
 CUDA versions and the targets, so a new version of any of them builds anew. MAX_JOBS caps the parallel compiles
@@ -24,10 +34,10 @@ exit codes: 0 built, already there, or --check passed; 1 the build or the check 
 cannot build it (no CUDA torch, no GPU and no --arch, no nvcc or ninja, an unwritable cache folder)."""
 
 
-def build_parser() -> OneLineParser:
+def build_parser(prog: str = "rlkernel-build") -> OneLineParser:
     from argparse import RawDescriptionHelpFormatter
 
-    ap = OneLineParser(prog=PROG, description="Build rlkernel._C (the fused CUDA kernels) into the cache, or into "
+    ap = OneLineParser(prog=prog, description="Build rlkernel._C (the fused CUDA kernels) into the cache, or into "
                        "--out DIR, as the first fused call would.", epilog=EPILOG,
                        formatter_class=RawDescriptionHelpFormatter)
     ap.add_argument("--arch", metavar="LIST", help="target GPU architectures, comma-separated: sm_90a,sm_80 or "
@@ -81,8 +91,11 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    global PROG  # one CLI run per process: its lines name the command as typed, a caller's argv the script
+    prog = prog_name("rlkernel.build", sys.argv[0]) if argv is None else "rlkernel-build"
+    PROG = message_prefix(prog)
     try:
-        return run(build_parser().parse_args(argv))
+        return run(build_parser(prog).parse_args(argv))
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
 

@@ -2,6 +2,7 @@
 argument parser every CLI uses. Torch-free: importing it costs no torch import."""
 import argparse
 import sys
+from pathlib import Path
 
 from rlkernel import envflags
 
@@ -22,6 +23,29 @@ class CliError(Exception):
 def fail(prog: str, message: str, code: int) -> int:
     print(f"{prog}: {message}", file=sys.stderr)
     return code
+
+
+def prog_name(module: str, argv0: str | None = None) -> str:
+    """The command as the user typed it, for usage lines and errors: a console script's or a script's file name
+    (``rlkernel-profile``, ``run_profile_suite.py``), ``python -m PACKAGE.MODULE`` when argv[0] is a module file of a
+    package (what ``python -m`` puts there), and ``python -m MODULE`` when there is no argv[0] to go by (``-c``,
+    a caller passing its own argv to ``main``). ``message_prefix`` gives the form error lines start with."""
+    if not argv0 or argv0 in ("-c", "-m"):
+        return f"python -m {module}"
+    path = Path(argv0)
+    if path.suffix == ".py" and (path.parent / "__init__.py").is_file():
+        parts, folder = ([] if path.stem == "__main__" else [path.stem]), path.parent
+        while (folder / "__init__.py").is_file():
+            parts.insert(0, folder.name)
+            folder = folder.parent
+        return "python -m " + ".".join(parts)
+    return path.name
+
+
+def message_prefix(prog: str) -> str:
+    """What an error or progress line starts with: ``pipelines.analyze`` for ``python -m pipelines.analyze``,
+    the script's name otherwise."""
+    return prog.removeprefix("python -m ")
 
 
 def check_env_flags(environ=None) -> None:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+import rlkernel
 from rlkernel import envflags
 from rlkernel.traced import constant_when_traced
 
@@ -37,8 +38,7 @@ class FusedKernelUnavailable(RuntimeError):
         self.reason = reason
 
 
-class FallbackWarning(UserWarning):
-    """backend="auto" wanted the fused path and ran native instead (said once per op and reason)."""
+FallbackWarning = rlkernel.FallbackWarning  # defined torch-free in rlkernel/__init__.py for `python -W`
 
 
 class Dispatch(NamedTuple):  # a tuple of strings: torch.compile'd code can build and store one

@@ -37,7 +37,7 @@ def bad_id_error(where, value: int, vocab_size: int | None, op: str = "logp.forw
 # value is the index here). Seed and offset take any int64, so their codes are reserved, never reported today.
 ARGUMENTS = ("temperature", "top_k", "top_p", "min_p", "seed", "offset")
 _RULES = {"temperature": "a finite number >= 0 whose log2(e) / temperature is a finite float32",
-          "top_k": "an integer >= 0", "top_p": "in (0, 1]", "min_p": "in [0, 1]", "seed": "an int64",
+          "top_k": "an integer >= 0 (0 = all tokens)", "top_p": "in (0, 1]", "min_p": "in [0, 1]", "seed": "an int64",
           "offset": "an int64"}
 
 
@@ -139,10 +139,20 @@ def _row_tensor(name: str, value: torch.Tensor, logits: torch.Tensor, dtype: tor
         raise ValueError(f"{name} on {value.device} but logits on {logits.device}: must be on one device")
     if value.dim() != 0 and value.shape != lead:
         raise ValueError(f"{name} must be a number, a 0-dim tensor or a tensor of shape {tuple(lead)} (one value per "
-                         f"row, logits.shape[:-1]), got shape {tuple(value.shape)}")
+                         f"row, logits.shape[:-1]), got shape {tuple(value.shape)}"
+                         + _per_sequence_hint(name, value, lead))
     n = lead.numel()
     flat = value.expand(n) if value.dim() == 0 else value.reshape(n)
     return flat.to(dtype).contiguous()
+
+
+def _per_sequence_hint(name: str, value: torch.Tensor, lead) -> str:
+    """For one value per sequence ([B] or [B, 1]) with [B, T, V] logits: how to give it per row."""
+    if len(lead) < 2 or value.numel() != lead[0] or value.shape[0] != lead[0]:
+        return ""
+    ones = ", ".join(["1"] * (len(lead) - 1))
+    return (f"; for one value per sequence, expand it over the positions: "
+            f"{name}.reshape({lead[0]}, {ones}).expand({', '.join(map(str, lead))})")
 
 
 def row_faults(settings: RowSettings) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -212,7 +222,8 @@ def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
     else:
         if isinstance(top_k, bool) or not isinstance(top_k, numbers.Real) or not math.isfinite(top_k) \
                 or int(top_k) != top_k or top_k < 0:
-            raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}")
+            raise ValueError(f"top_k must be a non-negative integer, got {top_k!r}"
+                             + (" (0 = all tokens: pass 0 for vLLM's -1)" if top_k == -1 else ""))
         top_k = min(int(top_k), vocab)  # k >= V keeps every token, as 0 does
     if isinstance(top_p, torch.Tensor):
         top_p = _row_tensor("top_p", top_p, logits, torch.float32)
@@ -283,6 +294,10 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
     """The checks rlkernel.linear_logp and rlkernel.linear_logp_loss share: hidden [..., H], weight [V, H], bias [V]
     or None, token_ids, temperature > 0 and ignore_index (tensor metadata only: no host sync on CUDA). On CPU the ids
     are checked last (their values: the one costly check), raising ``bad_id_error`` naming ``op``."""
+    if isinstance(weight, torch.nn.Module) and isinstance(getattr(weight, "weight", None), torch.Tensor):
+        bias_too = ", and bias=lm_head.bias" if getattr(weight, "bias", None) is not None else ""
+        raise TypeError(f"weight must be a torch.Tensor, got the module {type(weight).__name__}: pass its "
+                        f"parameter (lm_head.weight{bias_too})")
     _tensor("hidden", hidden, floating=True)
     _tensor("weight", weight, floating=True)
     if hidden.dim() < 1:

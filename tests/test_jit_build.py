@@ -440,7 +440,7 @@ def test_build_cli_help_and_usage():
     if torch.version.cuda is None:  # this machine cannot build it: one line, exit 3
         out = run("--arch", "9.0")
         assert out.returncode == 3 and out.stderr.strip() == (
-            f"rlkernel-build: torch {torch.__version__} has no CUDA (the fused kernels need a CUDA build of torch)")
+            f"rlkernel.build: torch {torch.__version__} has no CUDA (the fused kernels need a CUDA build of torch)")
 
 
 def test_setup_py_builds_in_the_tree_with_the_cache_s_flags(monkeypatch, capsys):

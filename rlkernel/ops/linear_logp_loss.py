@@ -11,6 +11,7 @@ handed to autograd by ``_PrecomputedGrads``, whose backward only scales them by 
 """
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -31,12 +32,28 @@ def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_ind
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable (logp, entropy, chunk_slice) -> per-token losses, got "
                         f"{type(loss_fn).__name__}")
+    check_loss_fn_arity(loss_fn)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
                                    or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
+
+
+def check_loss_fn_arity(loss_fn) -> None:
+    """A loss_fn that cannot take the three arguments it is called with is named before any work (a TypeError
+    from inside the chunk loop would not say what the op passes)."""
+    try:
+        sig = inspect.signature(loss_fn)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: it is called as is
+        return
+    try:
+        sig.bind(None, None, None)
+    except TypeError:
+        raise TypeError(f"loss_fn is called as loss_fn(logp, entropy, chunk_slice) (the chunk's log-probs, "
+                        f"entropies and its slice of the flat tokens), but its signature is {sig}; take all three "
+                        f"(e.g. lambda logp, entropy, chunk_slice: -logp * adv[chunk_slice])") from None
 
 
 def default_chunk(n: int, vocab: int, itemsize: int) -> int:

@@ -20,13 +20,15 @@ from rlkernel.cli import (
     OneLineParser,
     check_env_flags,
     fail,
+    message_prefix,
+    prog_name,
 )
 from rlkernel.profiling import rows as rows_mod
 from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
 from rlkernel.profiling.writers import write_reports
 
-PROG = "run_profile_suite.py"
+PROG = "run_profile_suite.py"  # what its lines start with: main sets the name the user typed (rlkernel-profile, ...)
 SMOKE = {"batch_sizes": (2,), "seq_lens": (4,), "vocab_sizes": (32,), "dtype": "float32", "warmup": 0, "repeat": 1}
 DEFAULTS = {"batch_sizes": (8, 16, 32), "seq_lens": (128, 512), "vocab_sizes": (4096, 128256), "warmup": 3,
             "repeat": 10}
@@ -67,8 +69,8 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = OneLineParser(hints=OUTPUT_DIR_HINTS, prog=PROG, description=(
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    ap = OneLineParser(hints=OUTPUT_DIR_HINTS, prog=prog, description=(
         "Time registry workloads over shapes and write a profile_<UTC timestamp>.csv/.json report. Each row has "
         "a status (pass, blocked, oom, fail) and the dispatch the ops recorded (native, fused, fallback, blocked). "
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
@@ -84,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-k", type=_nonneg, default=50, help="sampling top-k, 0 = all (default 50)")
     ap.add_argument("--top-p", type=_float, default=0.9, help="sampling top-p in (0, 1] (default 0.9)")
     ap.add_argument("--temperature", type=_float, default=1.0,
-                    help="> 0 (0 = argmax, sampling workloads only) (default 1.0)")
+                    help="the logits are divided by it: > 0; sampling workloads also take 0 (argmax) (default 1.0)")
     ap.add_argument("--seed", type=_nonneg, default=0, help="input seed (default 0)")
     ap.add_argument("--warmup", type=_nonneg, help="untimed repetitions per row (default 3)")
     ap.add_argument("--repeat", type=_positive, help="timed repetitions per row (default 10)")
@@ -159,8 +161,8 @@ def config(args) -> SuiteConfig:
     return cfg
 
 
-def run(argv: list[str], command: str) -> int:
-    args = parser().parse_args(argv)
+def run(argv: list[str], command: str, prog: str = PROG) -> int:
+    args = parser(prog).parse_args(argv)
     check_env_flags()  # before any row: RLKERNEL_REQUIRE_FUSED=bogus would fail every row (issue 29 item 20)
     cfg = config(args)
     try:  # before the run, not after it: a long run must not end in an unwritable folder
@@ -202,9 +204,12 @@ def run(argv: list[str], command: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    full = sys.argv if argv is None else [f"scripts/{PROG}", *argv]
+    global PROG  # one CLI run per process: its lines name the command as typed (a caller's argv: the script)
+    full = sys.argv if argv is None else ["scripts/run_profile_suite.py", *argv]
+    prog = prog_name("rlkernel.profiling", full[0])
+    PROG = message_prefix(prog)
     try:
-        return run(full[1:], shlex.join(full))
+        return run(full[1:], shlex.join(full), prog)
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
 
