@@ -104,14 +104,16 @@ def summary(cross: pd.DataFrame) -> pd.DataFrame:
                               for r in g.itertuples(index=False)) if len(judged) else NOT_JUDGED
         first = g.iloc[0]
         busy = g[g["busy_ns"].fillna(0) > 0]
-        busiest = int(busy.sort_values(["busy_ns", "rank"], ascending=[False, True]).iloc[0]["rank"]) \
+        # the rank column's own value (a row read whole goes through float64)
+        busiest = int(busy.sort_values(["busy_ns", "rank"], ascending=[False, True])["rank"].iloc[0]) \
             if len(busy) else None
         rows.append({"range": rng, "ranks_with_range": int((g["instances"].fillna(1) > 0).sum()),
                      "slowest_rank": first["slowest_rank"], "spread": first["spread"], "busiest_rank": busiest,
                      "busy_imbalance": first["busy_imbalance"], "fused_all_ranks": first["fused_all_ranks"],
                      "verdicts": words, "judged": bool(len(judged))})
     out = pd.DataFrame(rows, columns=[*SUMMARY_COLUMNS, "judged"])
-    out["busiest_rank"] = out["busiest_rank"].astype("Int64")
+    # from the Python ints, not the float64 column pandas made of ints and None (rank 2^63 - 1 would not survive)
+    out["busiest_rank"] = pd.array([r["busiest_rank"] for r in rows], dtype="Int64")
     return out
 
 
