@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
+from pipelines import analysis, compare, cross_rank, inputs, outdir, phase_view, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser
@@ -56,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--range", metavar="NAME", action="append", default=[], dest="ranges",
                    help="also judge this NVTX range as a workload (`domain:name`, `:name` for the default "
                         "domain, or the bare name in any domain)")
+    p.add_argument("--phase", metavar="RANGE", action="append", default=[], dest="phases",
+                   help="also treat this NVTX range as a phase of the training step (--range's matching rules; "
+                        "the rlkernel domain's phase:<name> ranges are phases anyway): steps.csv, phases.csv and "
+                        "the headline")
+    p.add_argument("--step-range", metavar="RANGE",
+                   help="the NVTX range that is one training step (--range's matching rules; default: the "
+                        "rlkernel domain's phase:step, from rlkernel.step())")
     p.add_argument("--require-fused", action="store_true",
                    help="after writing the reports, exit 1 when a workload that must be fused (one with "
                         "fused_ops, or a *-fused range) or one of its required op ranges is not fused")
@@ -88,7 +95,10 @@ def parser() -> argparse.ArgumentParser:
 
 def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
     try:
-        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
+        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges, phases=args.phases,
+                                step_range=args.step_range)
+    except phase_view.PhaseError as e:
+        raise UsageError(str(e)) from None
     except trace_db.NUMERIC_ERRORS as e:
         raise trace_db.out_of_range(src.trace, e) from None
 
@@ -102,7 +112,8 @@ def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float
 
 def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],
             cmp_meta: dict | None = None) -> dict[str, bytes]:
-    files = {f"{name}.csv": report.csv_bytes(df, analysis.COLUMNS[name]) for name, df in res.tables.items()}
+    files = {f"{name}.csv": report.csv_bytes(df, analysis.COLUMNS.get(name, list(df.columns)))
+             for name, df in res.tables.items()}  # steps.csv: one pct_<phase> column per phase
     if cmp is not None:
         files["compare.csv"] = report.csv_bytes(cmp, list(cmp.columns))
         files["compare.json"] = compare.to_json(cmp, cmp_meta or {})
@@ -187,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         except outdir.OutputError as e:
             raise UsageError(str(e)) from None
         say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
+        if res.phase_view is not None and res.phase_view.headline:
+            say(f"  {res.phase_view.headline}")
         for r in res.workloads.itertuples(index=False):
             say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
                 "each)")

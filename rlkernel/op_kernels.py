@@ -27,3 +27,26 @@ HELPER_GLOBS: dict[str, tuple[str, ...]] = {
 def helper_rows() -> list[tuple[str, str]]:
     """(op, glob) pairs, the form the verdict query reads (temp table ``op_helper_globs``)."""
     return [(op, pat) for op, pats in sorted(HELPER_GLOBS.items()) for pat in pats]
+
+
+# Who computed the log-probs (the RL-step report's phases.csv, column logprob_by): kernel-name globs of each
+# family, first match wins, in this order. The rlkernel families also count every kernel inside an
+# `op.logp.*` / `op.linear_logp*` range (the native path runs PyTorch's kernels there, by verdict); the others are
+# recognised by name only. Globs are matched as SQL GLOB against the short and the demangled name. The TRL and
+# Liger globs are the kernel names those libraries' Triton / torch.compile kernels carry (Liger:
+# `liger_cross_entropy_kernel`, `_cross_entropy_kernel`, ...; TRL's chunked `selective_log_softmax` compiled by
+# Inductor: `triton_*log_softmax*gather*`); each is to be checked on a real capture of that family.
+LOGPROB_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("rlkernel fused", ("rlkernel_logp_*", "rlkernel_linear_logp_*")),
+    ("Liger", ("*liger*", "_cross_entropy_kernel*", "*element_mul_kernel*", "_jsd_kernel*")),
+    ("TRL chunked", ("triton_*log_softmax*gather*", "triton_*gather*log_softmax*", "*selective_log_softmax*")),
+    ("PyTorch log_softmax", ("*LogSoftMax*", "*log_softmax*", "*logsoftmax*")),
+    ("PyTorch cross-entropy", ("*nll_loss*", "*cross_entropy*")),
+)
+# Op ranges whose kernels are rlkernel's log-prob work on either path (contract 3): their verdict names the path.
+LOGPROB_OP_RANGES = ("rlkernel:op.logp.*", "rlkernel:op.linear_logp*")
+
+
+def logprob_rows() -> list[tuple[int, str, str]]:
+    """(rank, family, glob) rows, the form queries/phase_logprobs.sql reads (temp table ``logprob_globs``)."""
+    return [(rank, fam, pat) for rank, (fam, pats) in enumerate(LOGPROB_FAMILIES) for pat in pats]
