@@ -196,6 +196,12 @@ def check_against_nvidia(case: pathlib.Path, res) -> None:
                           & (api["Start (ns)"] + api["Duration (ns)"] <= r.end)).sum())
         if all(df.empty for df in rules[1:]):  # the copy rules report the GPU op, not its call: none here
             assert p.host_syncs == n, rng
+    trace = case / "stats_nvtx_pushpop_trace.csv"  # per push/pop instance (the capture fixtures have it)
+    if trace.is_file() and trace.stat().st_size and not res.tables["steps"].empty:
+        pp = nvidia(case, "stats_nvtx_pushpop_trace")
+        spans = set(zip(pp["Start (ns)"], pp["Duration (ns)"], strict=True))
+        steps = res.tables["steps"]
+        assert set(zip(steps["start_ns"], steps["wall_ns"], strict=True)) <= spans
     gaps = nvidia(case, "rules_gpu_gaps")
     longest = [int(g.split(" ns")[0]) for g in phases["longest_gaps"].dropna() for g in g.split("; ")]
     if longest and not gaps.empty:
@@ -301,3 +307,23 @@ def test_phase_specs_match_like_range():
                    ("verl:gen", "gen", False), (":gen", ":gen", False)]
     with pytest.raises(phase_view.PhaseError, match="--phase nope: no such range in the input"):
         phase_view.phase_specs(distinct, ["nope"], None)
+
+
+def test_op_verdicts_and_the_rlkernel_logprob_paths_inside_phases():
+    """tests/data/verdicts (H200): workload ranges named as phases hold rlkernel op ranges of both paths; their
+    kernels count as rlkernel fused or native by the op range's verdict, whatever their names."""
+    from pipelines import inputs
+
+    res = analysis.analyze(inputs.resolve(DATA / "verdicts"), phases=["logp-fused", "logp-native", "grpo-step"])
+    check_against_nvidia(DATA / "verdicts", res)
+    p = res.tables["phases"].set_index("name")
+    assert p.loc["logp-native", "op_verdicts"] == "rlkernel:op.logp.forward native x1"
+    assert p.loc["logp-native", "logprob_by"] == "rlkernel native"
+    assert p.loc["grpo-step", "op_verdicts"] == ("rlkernel:op.logp.backward fused x2; rlkernel:op.logp.forward "
+                                                 "fused x2; rlkernel:op.sample native x2")
+    assert p.loc["grpo-step", "logprob_by"] == "rlkernel fused"
+    d = res.tables["dispatch"]
+    ops = d[(d["level"] == "op") & d["range"].str.startswith("rlkernel:op.logp.") & (d["in_workload"] ==
+                                                                                     "rlkernel:grpo-step")]
+    assert p.loc["grpo-step", "logprob_ns"] == ops["kernel_ns"].sum() > 0  # the log-prob op ranges' kernels
+    assert res.tables["steps"].empty and res.phase_view.headline == ""  # phases, but no step range
