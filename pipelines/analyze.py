@@ -174,6 +174,8 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.ranks is not None and (args.phases or args.step_range):
+        raise UsageError("--phase and --step-range are not read with --ranks yet: analyse one rank's export")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
     paths = [pathlib.Path(i) for i in args.inputs] or [inputs.default_input()]

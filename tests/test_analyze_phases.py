@@ -327,3 +327,9 @@ def test_op_verdicts_and_the_rlkernel_logprob_paths_inside_phases():
                                                                                      "rlkernel:grpo-step")]
     assert p.loc["grpo-step", "logprob_ns"] == ops["kernel_ns"].sum() > 0  # the log-prob op ranges' kernels
     assert res.tables["steps"].empty and res.phase_view.headline == ""  # phases, but no step range
+
+
+def test_phases_with_ranks_is_a_usage_error(tmp_path, capsys):
+    assert analyze.main(["--ranks", str(DATA / "ranks"), "--out", str(tmp_path / "r"), "--phase", "x"]) == EXIT_USAGE
+    assert "--phase and --step-range are not read with --ranks yet" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
