@@ -1,12 +1,17 @@
-"""Build of the optional CUDA extension rlkernel._C (metadata lives in pyproject.toml).
+"""Build of the optional CUDA extension rlkernel._C in the tree (metadata lives in pyproject.toml).
 
+The usual way to get the fused kernels is no build here at all: a plain install ships csrc/ inside the package, and
+the first call that needs rlkernel._C builds it into a per-user cache, or `python -m rlkernel.build` does ahead of
+time (rlkernel/_ext.py, rlkernel/_jit.py). An in-tree build still wins where it is there:
 `MAX_JOBS=2 python setup.py build_ext --inplace` builds it from csrc/ (every csrc/*.cu and csrc/*.cpp: the kernels,
-the op library and its op files, the Python module and the stream helper) for TORCH_CUDA_ARCH_LIST, or for the
-local GPU when that is unset. torch is imported only here, only to build: without torch, with a CPU-only torch, or without nvcc, `pip install -e .` still works and builds nothing
-(rlkernel then runs its native path and says why: "extension not built").
+the op library and its op files, the Python module and the stream helper; with the flags of rlkernel/_jit.py) for
+TORCH_CUDA_ARCH_LIST, or for the local GPU when that is unset. torch is imported only
+here, only to build: without torch (pip's isolated build), with a CPU-only torch, without nvcc, or with
+RLKERNEL_BUILD_EXT=0, `pip install .` still works and builds nothing here.
 """
 from __future__ import annotations
 
+import ast
 import glob
 import os
 import re
@@ -31,7 +36,18 @@ def _built_archs(arch_flags: list[str]) -> list[str]:
     return archs
 
 
+def _jit_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """rlkernel/_jit.py's CXX_FLAGS and NVCC_FLAGS, read from its text (literals: nothing of it runs here)."""
+    with open(os.path.join(ROOT, "rlkernel", "_jit.py")) as f:
+        tree = ast.parse(f.read())
+    flags = {t.id: ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name) and t.id in ("CXX_FLAGS", "NVCC_FLAGS")}
+    return flags["CXX_FLAGS"], flags["NVCC_FLAGS"]
+
+
 def _cuda_extension():
+    if os.environ.get("RLKERNEL_BUILD_EXT", "").strip().lower() in ("0", "false", "no", "off"):
+        return _skip("RLKERNEL_BUILD_EXT=0: the first call that needs it builds it into the cache")
     try:
         import torch
         from torch.utils import cpp_extension
@@ -46,16 +62,13 @@ def _cuda_extension():
     rel = lambda p: os.path.relpath(p, ROOT)  # setuptools wants sources relative to setup.py
     sources = [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cu")))]
     sources += [rel(p) for p in sorted(glob.glob(os.path.join(ROOT, "csrc", "*.cpp")))]  # library, ops, module, stream
+    cxx_flags, nvcc_flags = _jit_flags()
     ext = cpp_extension.CUDAExtension(
         name="rlkernel._C",
         sources=sources,
         include_dirs=[os.path.join(ROOT, "csrc", "include")],
         define_macros=[("RLKERNEL_BUILT_ARCHS", f'"{archs}"')],
-        extra_compile_args={
-            "cxx": ["-O3"],
-            # -lineinfo: ncu maps its counters to source lines; it does not change the generated code.
-            "nvcc": ["-O3", "-lineinfo", "-Xptxas=-warn-spills"],
-        },
+        extra_compile_args={"cxx": list(cxx_flags), "nvcc": list(nvcc_flags)},  # the cache's build uses the same
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension}
 

@@ -4,6 +4,8 @@ peers, side by side on the same inputs in one run (issue 21).
     python benchmarks/bench_linear_logp.py                        # the issue's shapes (H200: a few minutes)
     python benchmarks/bench_linear_logp.py --shapes 16384x4096x128256 --repeat 30
     python benchmarks/bench_linear_logp.py --list-kernels          # the kernel names of one fused call (profiler)
+    python benchmarks/bench_linear_logp.py --shapes 16384x896x151936 --logits-dtype bf16,float32 \
+        --methods matmul,fwd,fwdbwd,torch-fwd,liger --weight-scale 6 --temperature 0.7 --repeat 5   # issue 36
 
 Shapes are NxHxV (tokens x hidden x vocabulary). Default: 16384x4096x128256 first, then one dimension varied at a
 time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--methods, comma-separated):
@@ -18,6 +20,16 @@ time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--met
   liger         Liger-Kernel's fused linear cross-entropy (per-token losses when its version allows, else a summed
                 loss), which computes its gradients in the forward: timed forward + backward;
   native-fwdbwd rlkernel's own native backend (chunked PyTorch; not in the default set).
+--logits-dtype (comma-separated, default "bf16"): "bf16" is the default contract (logits in the inputs' dtype,
+``logits_dtype=None``), "float32" ``logits_dtype=torch.float32``; every method that has the choice runs once per
+value (rlkernel's methods; torch-* with float32 is PyTorch's float32 head, ``hidden.float() @ weight.float().T`` with
+TF32 off). matmul and liger run once. float32 rows of fwd / fwdbwd note their ratio to the bf16-logit row (issue 36
+targets: <= 1.15x forward, <= 1.10x forward + backward).
+Error columns, on every row: the largest |logp - exact| and |entropy - exact| (nats) over the first --error-rows
+tokens, exact = float64 from the same 16-bit inputs; matmul: log_softmax of its logits (what a bare bf16 head
+gives); liger: logp = -its per-token loss at T = 1 (it has no temperature), no entropy. --weight-scale S draws
+weight ~ N(0, S^2 / H), so a logit's std is about S (6 gives |z| up to ~30 at V ~ 150k, realistic for LM heads);
+the timing does not depend on it.
 Each time is the median of --repeat runs, each timed by its own pair of CUDA events, after --warmup runs; gradients
 are reset outside the events. TFLOP/s counts 2NHV per GEMM's worth of model work (forward 1, forward+backward 3).
 Peak extra memory: the allocator's peak during one run minus what was allocated before it, less the returned
@@ -42,17 +54,21 @@ DEFAULT_SHAPES = [(16384, 4096, 128256), (4096, 4096, 128256), (32768, 4096, 128
 DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                    "liger"]
 ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
-TEMPERATURE = 1.0
+TEMPERATURE = 1.0  # --temperature sets it
+LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
+WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
+                     "native-fwdbwd")
 
 
 class Case:
     """The inputs of one shape, shared by every method."""
 
-    def __init__(self, n, h, v, dtype, seed=0):
+    def __init__(self, n, h, v, dtype, seed=0, weight_scale=1.0):
         g = torch.Generator(device="cuda").manual_seed(seed)
         self.n, self.h, self.v, self.dtype = n, h, v, dtype
         self.hidden = torch.randn(n, h, device="cuda", generator=g).to(dtype).requires_grad_(True)
-        self.weight = (torch.randn(v, h, device="cuda", generator=g) / h ** 0.5).to(dtype).requires_grad_(True)
+        weight = torch.randn(v, h, device="cuda", generator=g) * weight_scale / h ** 0.5
+        self.weight = weight.to(dtype).requires_grad_(True)
         self.ids = torch.randint(0, v, (n,), device="cuda", generator=g)
         self.gl = torch.randn(n, device="cuda", generator=g)
         self.gh = torch.randn(n, device="cuda", generator=g) * 0.01
@@ -63,8 +79,39 @@ class Case:
         self.weight.grad = None
 
 
-def _method(name, case):
-    """(run, prep, model GEMMs, bytes to subtract from the peak, skip reason or None)."""
+def exact_values(case, rows: int, temperature: float):
+    """float64 (logp, entropy) of the first ``rows`` tokens from the same 16-bit inputs (256 rows at a time)."""
+    c = case
+    w = c.weight.detach().double()
+    lps, ents = [], []
+    with torch.no_grad():
+        for r0 in range(0, min(rows, c.n), 256):
+            r1 = min(rows, c.n, r0 + 256)
+            lsm = torch.log_softmax(c.hidden[r0:r1].detach().double() @ w.t() / temperature, dim=-1)
+            lps.append(lsm.gather(-1, c.ids[r0:r1, None])[:, 0])
+            ents.append(-(lsm.exp() * lsm).sum(-1))
+            del lsm
+    del w
+    return torch.cat(lps), torch.cat(ents)
+
+
+def errors_vs_exact(out, exact, name):
+    """(max |logp err|, max |entropy err| or None) of a run's output over the exact rows."""
+    if name == "liger":
+        if out.dim() == 0:
+            return None, None  # a summed loss: no per-token values
+        lp, ent = -out, None  # its per-token loss is -logp
+    else:
+        lp, ent = out if isinstance(out, tuple) else (out, None)
+    rows = exact[0].shape[0]
+    e_lp = (lp.detach()[:rows].double() - exact[0]).abs().max().item()
+    e_ent = None if ent is None else (ent.detach()[:rows].double() - exact[1]).abs().max().item()
+    return e_lp, e_ent
+
+
+def _method(name, case, logits_dtype=None):
+    """(run, prep, model GEMMs, bytes to subtract from the peak, skip reason or None); run returns the log-probs
+    (and the entropies where the method has them)."""
     import rlkernel
 
     c = case
@@ -73,6 +120,12 @@ def _method(name, case):
         def run():
             with torch.no_grad():
                 return c.hidden @ c.weight.t()
+
+        def values():  # what a bare bf16 head's logits give: float32 log_softmax of them
+            with torch.no_grad():
+                lsm = torch.log_softmax(run().float() / TEMPERATURE, dim=-1)
+                return lsm.gather(-1, c.ids[:, None])[:, 0], -(lsm.exp() * lsm).sum(-1)
+        run.values = values
         return run, nothing, 1, 0, None
     if name in ("fwd", "bi-fwd"):
         bi = name == "bi-fwd"
@@ -80,7 +133,7 @@ def _method(name, case):
         def run():
             with torch.no_grad():
                 return rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE, return_entropy=True,
-                                            batch_invariant=bi, backend="fused")
+                                            batch_invariant=bi, backend="fused", logits_dtype=logits_dtype)
         return run, nothing, 1, 8 * c.n, None
     if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc"):
         from rlkernel.ops.fused import linear_logp as linear_logp_fused
@@ -96,7 +149,8 @@ def _method(name, case):
                 linear_logp_fused._dh_modes[key] = "dtype"
             try:
                 lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE,
-                                               return_entropy=True, batch_invariant=bi, backend=backend)
+                                               return_entropy=True, batch_invariant=bi, backend=backend,
+                                               logits_dtype=logits_dtype)
                 torch.autograd.backward([lp, ent], [c.gl, c.gh])
             finally:
                 if dtype_acc:
@@ -104,26 +158,37 @@ def _method(name, case):
                         linear_logp_fused._dh_modes.pop(key, None)
                     else:
                         linear_logp_fused._dh_modes[key] = saved
-            return lp
+            return lp.detach(), ent.detach()
         return run, c.zero_grads, 3, c.grad_bytes + 8 * c.n, None
     if name in ("torch-fwd", "torch-fwdbwd"):
         grad = name == "torch-fwdbwd"
-        per_logit = (2 + 4 * 4) * (2 if grad else 1)  # bf16 logits, float32 copy, log_softmax, p, p*log p (+ grads)
-        need = c.n * c.v * per_logit
+        f32 = logits_dtype is not None
+        # bf16 logits (float32 head: float32 copies of hidden and weight, float32 logits), float32 copy, log_softmax,
+        # p, p*log p (+ grads)
+        per_logit = (2 + 4 * 4) * (2 if grad else 1)
+        need = c.n * c.v * per_logit + (4 * (c.n + c.v) * c.h if f32 else 0)
         free = torch.cuda.mem_get_info()[0]
         if need > 0.85 * free:
             return None, None, 0, 0, f"needs ~{need / 1e9:.0f} GB, {free / 1e9:.0f} GB free"
 
         def run():
             with torch.set_grad_enabled(grad):
-                logits = c.hidden @ c.weight.t()
+                if f32:  # PyTorch's float32 head (TRL's cast_lm_head_to_fp32): upcast operands, TF32 off
+                    tf32 = torch.backends.cuda.matmul.allow_tf32
+                    torch.backends.cuda.matmul.allow_tf32 = False
+                    try:
+                        logits = c.hidden.float() @ c.weight.float().t()
+                    finally:
+                        torch.backends.cuda.matmul.allow_tf32 = tf32
+                else:
+                    logits = c.hidden @ c.weight.t()
                 lsm = torch.log_softmax(logits.float() / TEMPERATURE, dim=-1)
                 lp = lsm.gather(-1, c.ids[:, None])[:, 0]
                 ent = -(lsm.exp() * lsm).sum(-1)
                 if grad:
                     torch.autograd.backward([lp, ent], [c.gl, c.gh])
-                return lp
-        return run, c.zero_grads, 3 if grad else 1, (c.grad_bytes if grad else 0) + 4 * c.n, None
+                return lp.detach(), ent.detach()
+        return run, c.zero_grads, 3 if grad else 1, (c.grad_bytes if grad else 0) + 8 * c.n, None
     if name == "liger":
         return _liger(c)
     raise CliError(f"unknown method {name!r}")
@@ -196,6 +261,11 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeat", type=int, default=20, help="timed runs per method (median)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--logits-dtype", default="bf16",
+                   help="comma-separated, of: bf16 (the default contract), float32 (logits_dtype=torch.float32)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--weight-scale", type=float, default=1.0, help="weight ~ N(0, S^2 / H): logits of std ~S")
+    p.add_argument("--error-rows", type=int, default=1024, help="tokens compared with float64 (error columns)")
     p.add_argument("--out", default=None, help="CSV path (default reports/bench_linear_logp-<UTC time>.csv)")
     p.add_argument("--list-kernels", action="store_true", help="print the kernels of one fused call and exit")
     try:
@@ -206,6 +276,12 @@ def main(argv=None) -> int:
             raise CliError(f"--methods: unknown {unknown} (choose from {', '.join(ALL_METHODS)})")
         if args.repeat < 1 or args.warmup < 0:
             raise CliError("--repeat must be >= 1 and --warmup >= 0")
+        logits_names = [x.strip() for x in args.logits_dtype.split(",") if x.strip()]
+        bad = [x for x in logits_names if x not in LOGITS_DTYPES]
+        if bad or not logits_names:
+            raise CliError(f"--logits-dtype: unknown {bad} (choose from bf16, float32)")
+        if not args.temperature > 0 or not args.weight_scale > 0 or args.error_rows < 1:
+            raise CliError("--temperature and --weight-scale must be > 0, --error-rows >= 1")
     except CliError as exc:
         print(f"bench_linear_logp: {exc}", file=sys.stderr)
         return 2
@@ -215,59 +291,78 @@ def main(argv=None) -> int:
     from rlkernel import _ext
 
     if _ext.unavailable_reason():
-        print(f"bench_linear_logp: {_ext.unavailable_reason()} (python setup.py build_ext --inplace)", file=sys.stderr)
+        print(f"bench_linear_logp: {_ext.unavailable_reason()} (python -m rlkernel.env says why)", file=sys.stderr)
         return 3
+    global TEMPERATURE
+    TEMPERATURE = args.temperature
     dtype = getattr(torch, args.dtype)
     shapes = args.shapes or DEFAULT_SHAPES
     if args.list_kernels:
-        _list_kernels(Case(*shapes[0], dtype))
+        _list_kernels(Case(*shapes[0], dtype, weight_scale=args.weight_scale))
         return 0
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or os.path.join("reports", f"bench_linear_logp-{stamp}.csv")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | cuda {torch.version.cuda} | {args.dtype} | "
-          f"median of {args.repeat} | {stamp}")
-    print(f"{'shape NxHxV':>20} {'method':>14} {'ms':>9} {'x matmul':>9} {'TFLOP/s':>8} {'extra GB':>9}  note")
+          f"median of {args.repeat} | T {TEMPERATURE} | weight scale {args.weight_scale} | {stamp}")
+    print(f"{'shape NxHxV':>20} {'method':>14} {'logits':>7} {'ms':>9} {'x matmul':>9} {'TFLOP/s':>8} "
+          f"{'extra GB':>9} {'logp err':>9} {'ent err':>9}  note")
     rows = []
+    fmt = lambda e: "-" if e is None else f"{e:.2e}"  # noqa: E731
     for n, h, v in shapes:
-        case = Case(n, h, v, dtype)
+        case = Case(n, h, v, dtype, weight_scale=args.weight_scale)
+        exact = {TEMPERATURE: exact_values(case, args.error_rows, TEMPERATURE)}
         t_mm = None
         times = {}
         for name in methods:
-            run, prep, gemms, subtract, note = _method(name, case)
-            shape_txt = f"{n}x{h}x{v}"
-            cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
-                   f"--dtype {args.dtype} --repeat {args.repeat}")
-            if run is None:
-                print(f"{shape_txt:>20} {name:>14} {'-':>9} {'':>9} {'':>8} {'':>9}  skipped: {note}")
-                rows.append(dict(shape=shape_txt, method=name, ms="", x_matmul="", tflops="", extra_gb="",
-                                 note=f"skipped: {note}", command=cmd))
-                continue
-            try:
-                ms = events_median(run, prep, args.warmup, args.repeat)
-                extra = peak_extra(run, prep) - subtract
-            except torch.OutOfMemoryError:
+            for lname in (logits_names if name in WITH_LOGITS_DTYPE else [args.dtype.replace("bfloat16", "bf16")]):
+                run, prep, gemms, subtract, note = _method(name, case, LOGITS_DTYPES.get(lname))
+                shape_txt = f"{n}x{h}x{v}"
+                cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
+                       f"--dtype {args.dtype} --repeat {args.repeat} --logits-dtype {lname} "
+                       f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}")
+                blank = dict(shape=shape_txt, method=name, logits_dtype=lname, ms="", x_matmul="", tflops="",
+                             extra_gb="", logp_err="", entropy_err="")
+                if run is None:
+                    print(f"{shape_txt:>20} {name:>14} {lname:>7} {'-':>9}  skipped: {note}")
+                    rows.append(dict(blank, note=f"skipped: {note}", command=cmd))
+                    continue
+                try:
+                    ms = events_median(run, prep, args.warmup, args.repeat)
+                    extra = peak_extra(run, prep) - subtract
+                    prep()
+                    result = run.values() if hasattr(run, "values") else run()
+                    t_ref = 1.0 if name == "liger" else TEMPERATURE
+                    if t_ref not in exact:
+                        exact[t_ref] = exact_values(case, args.error_rows, t_ref)
+                    e_lp, e_ent = errors_vs_exact(result, exact[t_ref], name)
+                    del result
+                except torch.OutOfMemoryError:
+                    case.zero_grads()
+                    torch.cuda.empty_cache()
+                    print(f"{shape_txt:>20} {name:>14} {lname:>7} {'oom':>9}")
+                    rows.append(dict(blank, note="out of memory", command=cmd))
+                    continue
                 case.zero_grads()
-                torch.cuda.empty_cache()
-                print(f"{shape_txt:>20} {name:>14} {'oom':>9}")
-                rows.append(dict(shape=shape_txt, method=name, ms="", x_matmul="", tflops="", extra_gb="",
-                                 note="out of memory", command=cmd))
-                continue
-            case.zero_grads()
-            times[name] = ms
-            if name == "matmul":
-                t_mm = ms
-            ratio = ms / t_mm if t_mm else float("nan")
-            tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
-            note = {"fwd": "target <= 1.15x", "fwdbwd": "target <= 4.4x"}.get(name, note or "")
-            if name.startswith("bi-") and name[3:] in times:
-                note = f"{ms / times[name[3:]]:.3f}x default mode (target <= 1.10x)"
-            if name == "liger" and note == "sum":
-                note = "reduction=sum (per-token output unsupported by this version)"
-            print(f"{shape_txt:>20} {name:>14} {ms:9.2f} {ratio:9.3f} {tflops:8.1f} {extra / 1e9:9.3f}  {note}")
-            rows.append(dict(shape=shape_txt, method=name, ms=f"{ms:.4f}", x_matmul=f"{ratio:.4f}",
-                             tflops=f"{tflops:.1f}", extra_gb=f"{extra / 1e9:.4f}", note=note, command=cmd))
-        del case
+                times[(name, lname)] = ms
+                if name == "matmul":
+                    t_mm = ms
+                ratio = ms / t_mm if t_mm else float("nan")
+                tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
+                note = {"fwd": "target <= 1.15x", "fwdbwd": "target <= 4.4x"}.get(name, note or "")
+                if name.startswith("bi-") and (name[3:], lname) in times:
+                    note = f"{ms / times[(name[3:], lname)]:.3f}x default mode (target <= 1.10x)"
+                if lname == "float32" and (name, "bf16") in times and name in ("fwd", "fwdbwd"):
+                    target = "1.15x" if name == "fwd" else "1.10x"
+                    note = f"{ms / times[(name, 'bf16')]:.3f}x bf16 logits (target <= {target})"
+                if name == "liger" and note == "sum":
+                    note = "reduction=sum (per-token output unsupported by this version)"
+                print(f"{shape_txt:>20} {name:>14} {lname:>7} {ms:9.2f} {ratio:9.3f} {tflops:8.1f} {extra / 1e9:9.3f} "
+                      f"{fmt(e_lp):>9} {fmt(e_ent):>9}  {note}")
+                rows.append(dict(blank, ms=f"{ms:.4f}", x_matmul=f"{ratio:.4f}", tflops=f"{tflops:.1f}",
+                                 extra_gb=f"{extra / 1e9:.4f}", logp_err=fmt(e_lp), entropy_err=fmt(e_ent),
+                                 note=note, command=cmd))
+        del case, exact
         torch.cuda.empty_cache()
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

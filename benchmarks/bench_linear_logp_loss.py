@@ -125,7 +125,7 @@ def main(argv=None) -> int:
 
         if "loss" in methods and _ext.unavailable_reason():
             raise CliError(f"--methods loss needs rlkernel._C: {_ext.unavailable_reason()} "
-                           "(MAX_JOBS=16 python setup.py build_ext --inplace)", EXIT_BLOCKED)
+                           "(python -m rlkernel.env says why)", EXIT_BLOCKED)
     except CliError as exc:
         print(f"bench_linear_logp_loss: {exc}", file=sys.stderr)
         return exc.code

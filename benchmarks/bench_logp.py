@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     from rlkernel import _ext, env
 
     if _ext.unavailable_reason():
-        print(f"bench_logp: {_ext.unavailable_reason()}: run `python setup.py build_ext --inplace`", file=sys.stderr)
+        print(f"bench_logp: {_ext.unavailable_reason()} (python -m rlkernel.env says why)", file=sys.stderr)
         return 3
     os.environ["RLKERNEL_VALIDATE"] = "0"
     dev = env.device_record(torch.cuda.current_device())

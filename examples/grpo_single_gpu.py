@@ -38,7 +38,7 @@ from rlkernel.grpo import (  # noqa: E402
 )
 
 PROG = "grpo_single_gpu"
-BUILD_HINT = "build it on a CUDA machine with: MAX_JOBS=2 python setup.py build_ext --inplace"
+BUILD_HINT = "on a CUDA machine: python -m rlkernel.build builds it, python -m rlkernel.env says why it is not there"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ import tempfile
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, ranks, report, sql
+from pipelines import analysis, ranks, report, sql, trace_db
 
 COLUMNS = ["range", "rank", "instances", "range_total_ns", "span_ns", "busy_ns", "start_offset_ns", "verdict",
            "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks",
@@ -60,7 +60,13 @@ def reduce(partials: list[ranks.RankPartial]) -> Reduced:
                                                            dtype="Int64")})
     con.register("rank_list", rank_list)
     con.register("rank_ranges", tables.pop("cross_rank"))
-    cross = con.execute(sql.text("cross_rank")).df()
+    try:
+        cross = con.execute(sql.text("cross_rank")).df()
+    except trace_db.NUMERIC_ERRORS as e:
+        # one host clock is each trace's time plus its session start: an extreme start (INT64_MAX or MIN) overflows
+        # there or in the offsets from the earliest rank. Name the rank whose start is farthest from zero.
+        worst = max(partials, key=lambda p: abs(p.info["session_start_ns"] or 0))
+        raise trace_db.out_of_range(pathlib.Path(worst.info["trace"]), e) from None
     rows = [{"rank": p.rank, "source": p.info["source"], "pid": p.info["pid"], "device": p.info["device"],
              "session_start_ns": p.info["session_start_ns"], **p.info["counts"]} for p in partials]
     return Reduced(pd.DataFrame(rows, columns=RANK_COLUMNS), tables, cross, [p.info for p in partials])

@@ -9,12 +9,18 @@ A rank is one export, or one process of a multi-process export. Its analysis is 
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import dataclasses
 import multiprocessing
 import os
 import pathlib
 import re
+import signal
+import socket
+import sys
 import tempfile
+import threading
+import time
 
 import duckdb
 import pandas as pd
@@ -26,8 +32,12 @@ WHOLE_TRACE = "(whole trace)"
 COMM_PATTERNS = ("nccl*",)
 # `nsys -o rank%q{RANK}` and capture --ranks (trace_rank<N>.sqlite) both put `rank<N>` in the name
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_INT64_MAX = 2 ** 63 - 1
 _PID_MASK = 0xFFFFFF  # globalPid >> 24 keeps the hardware/VM ids above the pid's 24 bits
 CONNECT_TIMEOUT_S = 20  # how long --executor dask:// waits for the scheduler to answer
+HANDSHAKE_TIMEOUT_S = 5  # a Dask server sends its handshake as it accepts; a silent port gets this long
+WORKER_WAIT_S = 5  # a scheduler with no workers gets this long for one to join, then exit 3
+_HANDSHAKE_MAX = 1 << 20  # a Dask handshake is a few hundred bytes; b"HTTP/1.1" read as its length is 3.5e18
 
 
 class RanksError(Exception):
@@ -71,6 +81,11 @@ def _entries(folder: pathlib.Path) -> list[pathlib.Path]:
         items = sorted(folder.iterdir(), key=lambda p: p.name)
     except OSError as e:
         raise RanksError(f"{folder}: cannot read it ({e.strerror or e})") from None
+    for p in items:
+        # a link whose target is gone may have been a rank: dropping it would pass --require-fused without it
+        if not p.name.startswith(".") and p.is_symlink() and not p.exists():
+            raise RanksError(f"{p}: a dangling symlink (its target {os.readlink(p)} does not exist); it may be a "
+                             "rank: restore its target or remove the link")
     return [p for p in items if not p.name.startswith(".") and
             ((p.is_file() and p.suffix == ".sqlite") or (p.is_dir() and (p / "trace.sqlite").is_file()))]
 
@@ -80,6 +95,9 @@ def rank_numbers(names: list[str]) -> list[int]:
     found = [_RANK_RE.search(n) for n in names]
     if all(found):
         nums = [int(m.group(1)) for m in found]
+        for n, k in zip(names, nums, strict=True):
+            if k > _INT64_MAX:  # pandas would hold it as a float: 1e+20 in the CSVs, and every other rank 0.0
+                raise RanksError(f"{n}: rank {k} does not fit a 64-bit integer")
         if len(set(nums)) == len(nums):
             return nums
         dup = sorted({n for n in nums if nums.count(n) > 1})[0]
@@ -101,12 +119,19 @@ def cuda_processes(trace: pathlib.Path) -> list[tuple[int, int]]:
         parts = [f"SELECT deviceId, globalPid >> 24 AS proc FROM sqlite_scan(?, '{t}')"  # t: a constant below
                  for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
                  if t in present]
-        rows = con.execute(f"SELECT min(deviceId), proc FROM ({' UNION ALL '.join(parts)}) GROUP BY proc",
+        union = " UNION ALL ".join(parts)
+        rows = con.execute(f"SELECT min(deviceId), proc FROM ({union}) GROUP BY proc",
                            [p] * len(parts)).fetchall() if parts else []
+        nulls = con.execute(f"SELECT count(*) FILTER (WHERE proc IS NULL), count(*) FILTER (WHERE deviceId IS NULL) "
+                            f"FROM ({union})", [p] * len(parts)).fetchone() if parts else (0, 0)
     except duckdb.Error as e:
         raise trace_db.TraceError(f"{trace}: cannot read as SQLite ({trace_db.first_line(e)})") from None
     finally:
         con.close()
+    for n, col in zip(nulls, ("globalPid", "deviceId"), strict=True):
+        if n:  # nsys writes both for every GPU operation; without them no process or device owns the operation
+            raise trace_db.TraceError(f"{trace}: {n} GPU operations with a NULL {col}, not an export nsys writes "
+                                      "(the split by process needs it)")
     return sorted((int(d), int(proc)) for d, proc in rows)
 
 
@@ -192,7 +217,7 @@ def analyze_rank(job: RankJob) -> RankPartial:
         rows = {name: len(df) for name, df in frames.items()}
         rows["cross_rank"] = con.execute("SELECT count(*) FROM rank_partial").fetchone()[0]
     con.close()
-    info = {"rank": spec.rank, "source": spec.label,
+    info = {"rank": spec.rank, "source": spec.label, "trace": str(spec.source.trace),
             "pid": spec.proc & _PID_MASK if spec.proc is not None else None, "device": spec.device,
             "session_start_ns": int(start) if start is not None else None, "counts": dict(res.counts),
             "patterns": list(res.patterns), "failures": analysis.failures(res), "meta": res.meta,
@@ -215,8 +240,39 @@ def run_local(jobs: list[RankJob], workers: int | None = None) -> list[RankParti
     if n == 1:
         return [analyze_rank(j) for j in jobs]
     # spawn, not fork: DuckDB's threads in this process must not be copied mid-state into the children
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         return list(pool.map(analyze_rank, jobs))
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """A pool worker's initializer: end this process when ``parent`` dies. A worker of a parent killed with -9
+    otherwise waits forever on the job queue, whose write end it holds itself (and keeps the resource tracker
+    alive through its pipe). On Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a thread
+    polls the parent's pid. A parent gone before this ran is caught by the check after it. (The kernel signals
+    when the *thread* that started the worker ends: a spawn-context ProcessPoolExecutor starts its workers in
+    submit(), so in run_local's own thread, which outlives them.)"""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            _poll_parent(parent)
+    else:
+        _poll_parent(parent)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _poll_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=watch, name="rlkernel-parent-watch", daemon=True).start()
 
 
 class ExecutorUnavailable(Exception):
@@ -233,22 +289,78 @@ def run_dask(address: str, jobs: list[RankJob]) -> list[RankPartial]:
         raise ExecutorUnavailable("--executor dask://: dask.distributed is not installed "
                                   "(pip install 'rlkernel[dask]')") from None
     target = "tcp://" + address
+    probe_scheduler(address)
     try:
         client = Client(target, timeout=f"{CONNECT_TIMEOUT_S}s")
     except (OSError, TimeoutError) as e:
         raise ExecutorUnavailable(f"--executor dask://{address}: no scheduler answers there ({e})") from None
     with client:
+        try:
+            # a scheduler with no workers would take the jobs and wait for a worker forever, saying nothing
+            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        except TimeoutError:
+            raise ExecutorUnavailable(f"--executor dask://{address}: the scheduler has no workers (none joined in "
+                                      f"{WORKER_WAIT_S} s); start some with `dask worker tcp://{address}`") from None
         futures = client.map(analyze_rank, jobs, pure=False)
         return client.gather(futures)
 
 
+def probe_scheduler(address: str) -> None:
+    """ExecutorUnavailable unless something at ``address`` speaks first as a Dask server does: on accepting a
+    connection it writes its handshake, a message that starts with its length (8 bytes, little-endian). Checked
+    on a plain socket before Client() because Client waits on a silent port past its connect timeout, and reads
+    an HTTP reply's bytes as a length of exabytes (a MemoryError)."""
+    host, port = address.rsplit(":", 1)
+    host = host.strip("[]")
+    where = f"--executor dask://{address}"
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except OSError as e:
+            # a refused connection is retried until the deadline, as Client does: a scheduler may be starting
+            if isinstance(e, ConnectionRefusedError) and time.monotonic() + 0.5 < deadline:
+                time.sleep(0.5)
+                continue
+            raise ExecutorUnavailable(f"{where}: no scheduler answers there ({e.strerror or e})") from None
+    with sock:
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        head = b""
+        try:
+            while len(head) < 8:
+                got = sock.recv(8 - len(head))
+                if not got:
+                    break
+                head += got
+        except OSError:  # socket.timeout included
+            pass
+    if len(head) < 8:
+        raise ExecutorUnavailable(f"{where}: the port accepts connections but does not speak Dask's protocol "
+                                  f"(no handshake in {HANDSHAKE_TIMEOUT_S} s); is it a Dask scheduler's address?")
+    size = int.from_bytes(head, "little")
+    if size > _HANDSHAKE_MAX:
+        raise ExecutorUnavailable(f"{where}: not a Dask scheduler (its first bytes {head!r} are no Dask "
+                                  "handshake)")
+
+
+# HOST: a name or IPv4 address (letters, digits, '.', '-', '_') or a bracketed IPv6 address; PORT: 1-65535
+_HOST_PORT_RE = re.compile(r"(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
+
+
 def executor_address(value: str) -> str | None:
-    """``local`` -> None; ``dask://HOST:PORT`` -> ``HOST:PORT``; anything else: RanksError."""
+    """``local`` -> None; ``dask://HOST:PORT`` -> ``HOST:PORT``; anything else: RanksError, at once (a port out of
+    range or a missing one would otherwise wait out the connect timeout, a second scheme give a traceback)."""
     if value == "local":
         return None
-    if value.startswith("dask://") and len(value) > len("dask://"):
-        return value[len("dask://"):]
-    raise RanksError(f"--executor {value}: give local or dask://HOST:PORT")
+    if not value.startswith("dask://"):
+        raise RanksError(f"--executor {value}: give local or dask://HOST:PORT")
+    address = value[len("dask://"):]
+    m = _HOST_PORT_RE.fullmatch(address)
+    if m is None or not 1 <= int(m.group("port")) <= 65535:
+        raise RanksError(f"--executor {value}: not an address of the form dask://HOST:PORT "
+                         "(a host name or IP address, and a port 1-65535)")
+    return address
 
 
 def run_jobs(jobs: list[RankJob], executor: str, workers: int | None) -> list[RankPartial]:

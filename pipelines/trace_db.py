@@ -59,6 +59,13 @@ class TraceError(Exception):
     """Bad input: the message names the file and the problem (exit 2)."""
 
 
+class SettingError(TraceError):
+    """A bad RLKERNEL_ANALYZE_* environment value (exit 2, as bad input): the message names the variable."""
+
+
+MEMORY_ENV = "RLKERNEL_ANALYZE_MEMORY"  # DuckDB's memory_limit for each connection (default 2GB)
+
+
 class ExtensionMissing(Exception):
     """This machine lacks the sqlite extension package (exit 3)."""
 
@@ -84,8 +91,16 @@ def connect(threads: int | None = None, memory_limit: str | None = None) -> duck
     # Threads: the CPUs this process may run on (taskset), not the machine's count.
     cfg["threads"] = threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     # 2GB: a 1M-kernel trace then peaks at 2.33 GB RSS in 12.7 s on 2 cores (3GB: 3.53 GB; docs/benchmarks.md)
-    cfg["memory_limit"] = memory_limit or os.environ.get("RLKERNEL_ANALYZE_MEMORY", "2GB")
-    con = duckdb.connect(":memory:", config=cfg)
+    from_env = memory_limit is None and MEMORY_ENV in os.environ
+    cfg["memory_limit"] = memory_limit or os.environ.get(MEMORY_ENV, "2GB")
+    try:
+        con = duckdb.connect(":memory:", config=cfg)
+    except duckdb.Error as e:
+        if not from_env:
+            raise
+        # DuckDB's ParserException (a traceback) for foo, 100% or an empty value: a usage error, one line
+        raise SettingError(f"{MEMORY_ENV}={cfg['memory_limit']!r}: not a memory size (give one such as 2GB, 512MB "
+                           f"or 1.5GiB; {first_line(e)})") from None
     path = extension_path()
     # LOAD takes no prepared parameter; the path is this package's own file, never user input.
     con.execute(f"LOAD '{path.as_posix()}'")
@@ -141,6 +156,12 @@ class Trace:
             raise TraceError(f"{self.path}: not an nsys export (no {', '.join(missing or NSYS_MARKERS)} table)")
         for table, cols in SCHEMA.items():
             self._copy(table, cols, table in present)
+        # every name join (kernel, range, domain) matches one row per id: a repeated id would multiply instances
+        dup = self.con.execute("SELECT id, count(*) FROM src_StringIds WHERE id IS NOT NULL GROUP BY id "
+                               "HAVING count(*) > 1 ORDER BY id LIMIT 1").fetchone()
+        if dup is not None:
+            raise TraceError(f"{self.path}: StringIds holds id {dup[0]} more than once ({dup[1]} rows), not an "
+                             "export nsys writes (its id is the table's primary key)")
 
     def _copy(self, table: str, cols: dict[str, str], present: bool) -> None:
         p = str(self.scan)

@@ -9,17 +9,21 @@ import importlib
 
 __version__ = "0.1.0"
 __all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
-           "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "__version__"]
+           "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "fused_status",
+           "integrations", "__version__"]
 
 _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
          "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
          "sample": ("rlkernel.ops.sampling", "sample"),
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),
+         "integrations": ("rlkernel.integrations", None),
          "FusedKernelUnavailable": ("rlkernel.dispatch", "FusedKernelUnavailable"),
          "FallbackWarning": ("rlkernel.dispatch", "FallbackWarning"),
          # torch-free: a process marks its phases without importing torch (rlkernel.phases)
          "phase": ("rlkernel.phases", "phase"), "step": ("rlkernel.phases", "step"),
-         "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end")}
+         "step_begin": ("rlkernel.phases", "step_begin"), "step_end": ("rlkernel.phases", "step_end"),
+         # whether the fused path is available, where rlkernel._C came from, why not (builds nothing)
+         "fused_status": ("rlkernel._ext", "fused_status")}
 
 
 def __getattr__(name):

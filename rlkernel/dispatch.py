@@ -21,6 +21,10 @@ OPS = ("logp.forward", "logp.backward", "sample", "linear_logp.forward", "linear
        "linear_logp_loss")
 BACKENDS = ("auto", "fused", "native")
 STATUSES = ("native", "fused", "fallback", "blocked")
+# rlkernel.integrations: a call sent back to a framework's own code is recorded under the integration's op name
+# (``integrations.trl``, ...) with this backend, never as an rlkernel op that did not run.
+INTEGRATION_PREFIX = "integrations."
+FRAMEWORK = "framework"
 _SEVERITY = {"native": 0, "fused": 1, "fallback": 2, "blocked": 3}
 FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -107,9 +111,28 @@ def _count(rec: Dispatch) -> Dispatch:
         if first_warning:
             _warned.add((rec.op, rec.reason))
     if first_warning:
-        warnings.warn(f"rlkernel {rec.op}: fused path unavailable ({rec.reason}); running native", FallbackWarning,
+        ran = "the framework's own code" if rec.backend == FRAMEWORK else "native"
+        warnings.warn(f"rlkernel {rec.op}: fused path unavailable ({rec.reason}); running {ran}", FallbackWarning,
                       stacklevel=4)
     return rec
+
+
+def framework_fallback(op: str, reason: str, *, backend: str = "auto", require_fused: bool = False) -> Dispatch:
+    """An integration (``rlkernel.integrations``) sends one call back to the framework's own code: record it as
+    ``Dispatch(op, backend, "framework", "fallback", reason)``, or, when the fused path is demanded
+    (``backend="fused"``, ``require_fused``, RLKERNEL_REQUIRE_FUSED=1), as ``blocked`` and raise
+    FusedKernelUnavailable. ``op`` names the integration (``integrations.<framework>``), ``reason`` what rlkernel
+    cannot compute."""
+    if not (isinstance(op, str) and op.startswith(INTEGRATION_PREFIX) and len(op) > len(INTEGRATION_PREFIX)):
+        raise ValueError(f"framework_fallback: op must be '{INTEGRATION_PREFIX}<framework>', got {op!r}")
+    if not (isinstance(reason, str) and reason):
+        raise ValueError("framework_fallback: reason must be a non-empty string")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "fused" or require_fused or strict_from_env():
+        _count(Dispatch(op, backend, "none", "blocked", reason))
+        raise FusedKernelUnavailable(f"{op}: fused path required but unavailable: {reason}")
+    return _count(Dispatch(op, backend, FRAMEWORK, "fallback", reason))
 
 
 def history() -> list[tuple[Dispatch, int]]:
@@ -181,7 +204,9 @@ def _strict_for_trace() -> bool:  # read when torch.compile traces: a compiled g
 
 
 def fused_unavailable_reason(op: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the fused path of ``op`` cannot run for tensors on ``device`` of ``dtype``; None when it can."""
+    """Why the fused path of ``op`` cannot run for tensors on ``device`` of ``dtype``; None when it can. For CUDA
+    tensors the first such question loads the extension, building it into the cache first if it is nowhere yet
+    (``rlkernel._ext.ensure``): this is the call that needs it."""
     from rlkernel import _ext
 
     if device.type != "cuda":
@@ -238,5 +263,10 @@ def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dt
     rec, error = decision
     _count(rec)
     if error is not None:
-        raise FusedKernelUnavailable(error)
+        from rlkernel import _ext
+
+        # the typed extension error behind the reason is the cause: a failed build's names its log (the record
+        # and this message stay path-free)
+        cause = _ext.error()
+        raise FusedKernelUnavailable(error) from (cause if cause is not None and cause.reason == rec.reason else None)
     return rec

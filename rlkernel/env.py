@@ -74,10 +74,25 @@ def _devices() -> list[dict]:
     return out
 
 
+def extension_record(status: dict) -> dict:
+    """The node record's ``extension`` block from ``rlkernel.fused_status()``: no paths (it goes into manifests
+    and reports: docs/contracts.md, sections 7 and 9)."""
+    return {"built": status["available"], "archs": status["archs"] if status["available"] else [],
+            "reason": status["reason"], "source": status["source"]}
+
+
+def extension_line(status: dict) -> str:
+    """``python -m rlkernel.env``'s extension line: where it came from, or why not (paths allowed here)."""
+    if status["available"]:
+        where = "in-tree" if status["source"] == "in-tree" else "from the cache"
+        return f"built for {','.join(status['archs']) or 'unknown targets'}, {where}: {status['path']}"
+    return f"{status['reason']}: {status['detail']}" if status["detail"] else status["reason"]
+
+
 def describe() -> dict:
     from rlkernel import _ext
 
-    reason = _ext.unavailable_reason()
+    status = _ext.fused_status()  # builds nothing
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -86,7 +101,7 @@ def describe() -> dict:
         "driver": _driver() if torch.cuda.is_available() else None,
         "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "extension": {"built": reason is None, "archs": _ext.built_archs(), "reason": reason},
+        "extension": extension_record(status),
         "devices": _devices(),
     }
 
@@ -131,6 +146,8 @@ def main(argv=None) -> int:
     except CliError as exc:
         print(f"python -m rlkernel.env: {exc}", file=sys.stderr)
         return exc.code
+    from rlkernel import _ext
+
     rec = describe()
     if args.json:
         print(json.dumps(rec, indent=2))
@@ -138,8 +155,7 @@ def main(argv=None) -> int:
     for key in ("python", "torch", "cuda_runtime", "hip", "driver", "device_count", "cuda_visible_devices"):
         if rec[key] is not None:  # a CPU node has no CUDA runtime, driver, ...: say nothing rather than "None"
             print(f"{key:22} {rec[key]}")
-    ext = rec["extension"]
-    print(f"{'extension':22} {'built for ' + ','.join(ext['archs']) if ext['built'] else ext['reason']}")
+    print(f"{'extension':22} {extension_line(_ext.fused_status())}")
     for d in rec["devices"]:
         print(device_line(d))
     return 0

@@ -267,6 +267,18 @@ def _tensor(name: str, value, *, floating: bool) -> torch.Tensor:
     return value
 
 
+def check_logits_dtype(logits_dtype) -> bool:
+    """Whether the linear ops keep float32 logits: ``logits_dtype`` is None (the logits in the compute dtype) or
+    ``torch.float32``; anything else is refused (``TypeError`` for a non-dtype, ``ValueError`` for another dtype)."""
+    if logits_dtype is None:
+        return False
+    if not isinstance(logits_dtype, torch.dtype):
+        raise TypeError(f"logits_dtype must be None or torch.float32, got {type(logits_dtype).__name__}")
+    if logits_dtype != torch.float32:
+        raise ValueError(f"logits_dtype must be None or torch.float32, got {logits_dtype}")
+    return True
+
+
 def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, op: str) -> None:
     """The checks rlkernel.linear_logp and rlkernel.linear_logp_loss share: hidden [..., H], weight [V, H], bias [V]
     or None, token_ids, temperature > 0 and ignore_index (tensor metadata only: no host sync on CUDA). On CPU the ids

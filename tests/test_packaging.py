@@ -67,7 +67,8 @@ def installed(tmp_path_factory):
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["PATH"] = f"{env_dir / 'bin'}{os.pathsep}{env['PATH']}"
-    return {"wheel": wheel, "py": py, "bin": env_dir / "bin", "purelib": purelib, "cwd": outside, "env": env}
+    return {"wheel": wheel, "py": py, "bin": env_dir / "bin", "purelib": purelib, "cwd": outside, "env": env,
+            "src": tmp / "src"}
 
 
 def _in(installed, *cmd):
@@ -98,6 +99,7 @@ def test_imports_come_from_the_install(installed):
     ("rlkernel-capture", "pipelines.capture", "--require-fused"),
     ("rlkernel-analyze", "pipelines.analyze", "--compare"),
     ("rlkernel-profile", "rlkernel.profiling", "--smoke"),
+    ("rlkernel-build", "rlkernel.build", "--arch"),
 ])
 def test_console_scripts_are_the_python_m_clis(installed, script, module, words):
     by_script = _in(installed, installed["bin"] / script, "--help")
@@ -126,3 +128,30 @@ def test_profile_suite_runs_from_the_install(installed):
               "logp-native", "--output-dir", "profile")
     assert out.returncode == 0, out.stderr
     assert sorted(p.suffix for p in (installed["cwd"] / "profile").iterdir()) == [".csv", ".json"]
+
+
+def test_sdist_and_wheel_ship_every_csrc_file_the_build_needs(installed, tmp_path):
+    # issue 30: the first fused call builds rlkernel._C from the sources inside the package; every file under csrc/
+    # is what the build compiles, includes and hashes into its cache key
+    from rlkernel import _jit
+
+    needed = _jit.source_files(ROOT / "csrc")
+    assert any(f.endswith(".cu") for f in needed) and any(f.startswith("include/rlkernel/") for f in needed)
+    wheel = set(zipfile.ZipFile(installed["wheel"]).namelist())
+    assert [f for f in needed if f"rlkernel/csrc/{f}" not in wheel] == []
+    sdist_py = f"from setuptools import build_meta as b; print(b.build_sdist({str(tmp_path)!r}))"
+    made = _run([sys.executable, "-c", sdist_py], cwd=installed["src"])
+    assert made.returncode == 0, made.stderr
+    (sdist,) = tmp_path.glob("rlkernel-*.tar.gz")
+    import tarfile
+
+    with tarfile.open(sdist) as tar:
+        names = set(tar.getnames())
+    top = sdist.name.removesuffix(".tar.gz")
+    assert [f for f in needed if f"{top}/csrc/{f}" not in names] == []
+    # the install builds from its own copy, and hashes it as the checkout does: the same cache key
+    out = _in(installed, installed["py"], "-c", "from rlkernel import _ext, _jit; d = _ext.csrc_dir(); "
+              "print(d); print(_jit.sources_hash(d))")
+    assert out.returncode == 0, out.stderr
+    where, digest = out.stdout.split()
+    assert Path(where) == installed["purelib"] / "rlkernel" / "csrc" and digest == _jit.sources_hash(ROOT / "csrc")

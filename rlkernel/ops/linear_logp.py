@@ -9,21 +9,25 @@ from __future__ import annotations
 import torch
 
 from rlkernel import dispatch
-from rlkernel.validate import check_linear_args
+from rlkernel.ops import blas
+from rlkernel.validate import check_linear_args, check_logits_dtype
 
 OP = "linear_logp.forward"
 
 
 def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, bias=None,
                 temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False,
-                batch_invariant: bool = False, backend: str = "auto", require_fused: bool = False):
+                batch_invariant: bool = False, backend: str = "auto", require_fused: bool = False,
+                logits_dtype: torch.dtype | None = None):
     """``log_softmax((hidden @ weight.T + bias) / temperature)`` at ``token_ids``: float32, shape
     ``hidden.shape[:-1]``; with ``return_entropy=True`` a tuple ``(logp, entropy)``. Gradients flow to hidden,
     weight and bias.
 
     ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, all of one dtype and
     device. The logits are the matmul's result in that dtype (as ``hidden @ weight.T`` gives them), upcast to
-    float32 for the softmax. Rows whose id is ``ignore_index`` give 0 and no gradient. ``batch_invariant=True``:
+    float32 for the softmax; ``logits_dtype=torch.float32``: the logits of 16-bit inputs stay float32 from the
+    GEMM's accumulator on (never rounded to 16 bits), for the values and the gradient's softmax terms (float32 or
+    float64 inputs: no change). Rows whose id is ``ignore_index`` give 0 and no gradient. ``batch_invariant=True``:
     a row's results (logp, entropy, its hidden gradient) are bitwise the same whatever the number of rows and
     wherever the row sits (fixed tile shapes and reduction order; slower for few rows). ``backend``: "auto",
     "fused" or "native", as for ``rlkernel.logp``. On CUDA nothing waits for the GPU: an id outside [0, V) gives
@@ -32,10 +36,14 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     """
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
+    logits32 = check_logits_dtype(logits_dtype)
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
-    rec = dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype)
+    logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
+    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype, batch_invariant)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     kwargs = dict(bias=bias, temperature=float(temperature), ignore_index=int(ignore_index),
-                  return_entropy=bool(return_entropy), batch_invariant=batch_invariant, requested=backend)
+                  return_entropy=bool(return_entropy), batch_invariant=batch_invariant, requested=backend,
+                  logits32=logits32)
     if rec.status == "fused":
         from rlkernel.ops.fused.linear_logp import linear_logp_fused
 

@@ -17,9 +17,9 @@ import numbers
 import torch
 
 from rlkernel import dispatch
+from rlkernel.ops import blas, second_order
 from rlkernel.ops import linear_logp_loss_chunks as chunks
-from rlkernel.ops import second_order
-from rlkernel.validate import check_linear_args
+from rlkernel.validate import check_linear_args, check_logits_dtype
 
 OP = "linear_logp_loss"
 REDUCTIONS = ("sum", "mean")
@@ -70,7 +70,8 @@ class _PrecomputedGrads(torch.autograd.Function):
 
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
-                     chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False):
+                     chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
+                     logits_dtype: torch.dtype | None = None):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
@@ -85,20 +86,25 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
 
     The gradients of hidden, weight and bias (those that require grad) are computed during the call, and
-    ``loss.backward()`` only scales them by the incoming gradient: backward once. ``loss_fn`` gets gradients only for
+    ``loss.backward()`` only scales them by the incoming gradient: backward once. ``logits_dtype=torch.float32``:
+    the chunk's logits of 16-bit inputs stay float32 (as for ``rlkernel.linear_logp``; the default chunk then holds
+    half the tokens). ``loss_fn`` gets gradients only for
     logp and entropy (tensors it closes over get none from this op). dW is accumulated over chunks in weight's
     dtype. ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
     ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
     entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
     ``IndexError`` at once. See docs/contracts.md.
     """
+    logits32 = check_logits_dtype(logits_dtype)
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
-    rec = dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype)
+    logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
+    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
     spec = chunks.Spec(loss_fn=loss_fn, temperature=float(temperature), ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else
-                       default_chunk(n, vocab, hidden.element_size()))
+                       default_chunk(n, vocab, 4 if logits32 else hidden.element_size()), logits32=logits32)
     step = chunks.fused_pass if rec.status == "fused" else chunks.native_pass
 
     def run(needs):

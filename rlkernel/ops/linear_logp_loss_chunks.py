@@ -5,6 +5,13 @@ Per chunk, two ``op.linear_logp_loss`` NVTX ranges hold the op's own work: logit
 ``loss_fn``, the logits' gradient + dH/dW (+ a bias gradient's gemv) after it. ``loss_fn`` and its autograd are the
 caller's code and run between them (docs/contracts.md, section 3), as does the reduction of its losses.
 Input preparation (a strided hidden's copy, ids as int64, the ignore mask) runs before the first range.
+
+Float32 logits (``Spec.logits32``, 16-bit inputs): fused, the [chunk, V] buffer is float32, written by aten's
+float32-output GEMM (``blas.float32_logits``), the logp kernels run on it as float32 logits and write the float32
+gradient over it, which ``rlkernel_linear_logp_cast_kernel`` rounds once into a 16-bit [chunk, V] buffer for the dH /
+dW / db GEMMs (16-bit operands, float32 accumulation); native, the chunk's linear runs on float32 copies of
+hidden's chunk, weight and bias (float32 leaves: float32 gradient GEMMs, dW summed in float32, no rounding of the
+gradient before the output).
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import torch
 
 from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops.blas import float32_logits, float32_output_gemm
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.ops.rows import flat_ids
 
@@ -30,6 +38,7 @@ class Spec:
     mean: bool
     ids_shape: torch.Size
     chunk: int
+    logits32: bool = False
 
 
 def _prepare(hidden: torch.Tensor, token_ids: torch.Tensor):
@@ -93,7 +102,14 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     n, vocab = h.shape[0], weight.shape[0]
     need_grad = need_h or need_w or need_b
     c = max(1, min(spec.chunk, n))
-    buf = torch.empty((c, vocab), dtype=h.dtype, device=h.device)  # the one [chunk, V] workspace
+    bias_mode = None
+    if spec.logits32:
+        reason, bias_mode = float32_output_gemm(h.device, h.dtype)
+        if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
+            raise RuntimeError(f"{OP}: float32 logits unavailable: {reason}")
+    buf = torch.empty((c, vocab), dtype=torch.float32 if spec.logits32 else h.dtype, device=h.device)  # the workspace
+    # float32 logits: their gradient rounded once to the inputs' dtype, the operand of the dH / dW / db GEMMs
+    gbuf = torch.empty((c, vocab), dtype=h.dtype, device=h.device) if spec.logits32 and need_grad else None
     ones = torch.ones((c,), dtype=h.dtype, device=h.device) if need_b else None
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     wt = weight.t()
@@ -102,7 +118,9 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         hc, idc, logits = h[s:e], ids[s:e], buf[:e - s]
         address, seq, sync = errors.begin(OP, h.device, spec.ids_shape, vocab, offset=s)
         with op_range(RANGE):
-            if bias is None:
+            if bias_mode is not None:
+                float32_logits(hc, wt, bias, logits, bias_mode)
+            elif bias is None:
                 torch.mm(hc, wt, out=logits)
             else:
                 torch.addmm(bias, hc, wt, out=logits)
@@ -114,6 +132,9 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         if need_grad:
             with op_range(RANGE):
                 backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
+                if gbuf is not None:
+                    torch.ops.rlkernel.linear_logp_cast(logits, gbuf[:e - s])
+                    logits = gbuf[:e - s]
                 if need_h:
                     torch.mm(logits, weight, out=dh[s:e])
                 if need_w:
@@ -160,14 +181,16 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         with op_range(RANGE):
             errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad, ids)
         errors.after_call(h.device, sync)
-    w = weight.detach().requires_grad_(need_w)
-    b = bias.detach().requires_grad_(need_b) if bias is not None else None
+    # float32 logits: float32 leaves (one upcast copy of weight), so each chunk's gradients stay float32 until dW
+    up = (lambda t: t.float()) if spec.logits32 else (lambda t: t)  # noqa: E731
+    w = up(weight.detach()).requires_grad_(need_w)
+    b = up(bias.detach()).requires_grad_(need_b) if bias is not None else None
     total = torch.zeros((), dtype=cdtype, device=h.device)
     c = max(1, min(spec.chunk, n))
     for s in range(0, n, c):
         e = min(n, s + c)
         with op_range(RANGE), torch.enable_grad():
-            hc = h[s:e].detach().requires_grad_(need_h)
+            hc = up(h[s:e].detach()).requires_grad_(need_h)
             logp, ent = _native_logp(torch.nn.functional.linear(hc, w, b), safe[s:e], valid[s:e], bad[s:e],
                                      spec.temperature, cdtype)
         loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)

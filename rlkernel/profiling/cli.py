@@ -30,7 +30,7 @@ PROG = "run_profile_suite.py"
 SMOKE = {"batch_sizes": (2,), "seq_lens": (4,), "vocab_sizes": (32,), "dtype": "float32", "warmup": 0, "repeat": 1}
 DEFAULTS = {"batch_sizes": (8, 16, 32), "seq_lens": (128, 512), "vocab_sizes": (4096, 128256), "warmup": 3,
             "repeat": 10}
-BUILD_HINT = "build the extension: MAX_JOBS=2 python setup.py build_ext --inplace"
+BUILD_HINT = "build the extension: python -m rlkernel.build (python -m rlkernel.env says why it is not there)"
 
 
 def _int_list(text: str) -> tuple[int, ...]:

@@ -11,6 +11,12 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   place into the logits' gradient, then ``dW[chunk] (+)= G^T @ H_block`` and ``dH_block (+)= G @ W[chunk]`` (a float32
   accumulator where aten's cuBLAS calls allow: ``dh_accumulation``), the bias gradient by the deterministic
   column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
+- ``logits32`` (``logits_dtype=torch.float32``, 16-bit inputs): the tile is float32, written by aten's float32-output
+  GEMM of the 16-bit operands (``blas.float32_logits``: cuBLASLt's float32 C/D type, the accumulator never rounded),
+  and the fold / grad kernels read and write it as float32 (their float32 instantiations, those of float32 inputs).
+  The backward rounds the float32 gradient tile once to the inputs' dtype (``rlkernel_linear_logp_cast_kernel``
+  into a second, 16-bit tile) for the dW / dH GEMMs (16-bit operands, float32 accumulation); the bias gradient sums
+  the float32 tile. ``plan`` sizes the tile by its float32 elements (half the columns).
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
@@ -29,7 +35,7 @@ import torch
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
-from rlkernel.ops.blas import batch_invariant_blas
+from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
@@ -104,9 +110,12 @@ def dh_accumulation(device: torch.device, dtype: torch.dtype, batch_invariant: b
     return mode
 
 
-def _logits_tile(h, weight, bias, c0, c1, out):
+def _logits_tile(h, weight, bias, c0, c1, out, bias_mode=None):
+    """out = h @ weight[c0:c1].T + bias[c0:c1]; ``bias_mode`` (float32 logits): float32 output, that bias mode."""
     w = weight[c0:c1].t()  # [H, cols]: a transposed view, cuBLAS reads it as is
-    if bias is not None and BIAS_EPILOGUE:
+    if bias_mode is not None:
+        float32_logits(h, w, None if bias is None else bias[c0:c1], out, bias_mode)
+    elif bias is not None and BIAS_EPILOGUE:
         torch.addmm(bias[c0:c1], h, w, out=out)
     elif bias is not None:
         torch.ops.rlkernel.linear_logp_bias_rows(bias[c0:c1], out)
@@ -150,11 +159,23 @@ def _block_hidden(rows2d, r0, r1, packed):
     return packed
 
 
-def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape):
+def _tile_setup(rows2d, batch_invariant, logits32):
+    """(tile dtype, bias mode or None): float32 and the float32-output GEMM's bias mode with float32 logits."""
+    if not logits32:
+        return rows2d.dtype, None
+    reason, bias_mode = float32_output_gemm(rows2d.device, rows2d.dtype, batch_invariant)
+    if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
+        raise RuntimeError(f"linear_logp: float32 logits unavailable: {reason}")
+    return torch.float32, bias_mode
+
+
+def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
+             logits32=False):
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev = rows2d.device
-    block, cols = plan(n, vocab, rows2d.dtype, batch_invariant)
+    tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
+    block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     f32 = dict(dtype=torch.float32, device=dev)
     logp = torch.empty(n, **f32)
     entropy = torch.empty(n if return_entropy else 0, **f32)
@@ -162,7 +183,7 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
     if n == 0:
         return logp, entropy, stats
     m = block if batch_invariant else min(block, n)
-    tile_buf = torch.empty(m * cols, dtype=rows2d.dtype, device=dev)
+    tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
     state = torch.empty(min(block, n) * 4, **f32)
     packed = torch.empty(block, hsize, dtype=rows2d.dtype, device=dev) if batch_invariant else None
     address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
@@ -172,7 +193,7 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
             rows = r1 - r0
             for c0, c1 in _chunks(vocab, cols):
                 tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
-                _logits_tile(h, weight, bias, c0, c1, tile)
+                _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
                 torch.ops.rlkernel.linear_logp_fold(
                     tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1],
                     entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab, temperature, ignore_index,
@@ -182,19 +203,22 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
 
 
 def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy, temperature, ignore_index,
-              batch_invariant, need_h, need_w, need_b):
+              batch_invariant, need_h, need_w, need_b, logits32=False):
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev, dtype = rows2d.device, rows2d.dtype
     if n == 0:  # no rows: nothing reaches the weight or the bias (zeros, not an unwritten buffer)
         return (rows2d.new_empty(0, hsize) if need_h else None, torch.zeros_like(weight) if need_w else None,
                 torch.zeros(vocab, dtype=dtype, device=dev) if need_b else None)
-    block, cols = plan(n, vocab, dtype, batch_invariant)
+    tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
+    block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     m = block if batch_invariant else min(block, n)
     dh = torch.empty(n, hsize, dtype=dtype, device=dev) if need_h else None
     dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
     db = torch.empty(vocab, dtype=dtype, device=dev) if need_b else None
-    tile_buf = torch.empty(m * cols, dtype=dtype, device=dev)
+    tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
+    # float32 logits: the gradient tile rounded once to the inputs' dtype, the dW / dH GEMMs' operand
+    grad_buf = torch.empty(m * cols, dtype=dtype, device=dev) if tile_dtype != dtype and (need_w or need_h) else None
     packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
     acc = tmp = None
     if need_h:
@@ -211,21 +235,25 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
         rows = r1 - r0
         for c0, c1 in _chunks(vocab, cols):
             tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
-            _logits_tile(h, weight, bias, c0, c1, tile)
+            _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
             torch.ops.rlkernel.linear_logp_grad_tile(
                 tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
                 None if grad_entropy is None else grad_entropy[r0:r1], entropy[r0:r1] if entropy.numel() else entropy,
                 c0, vocab, temperature, ignore_index)
+            if need_b:  # from the float32 tile with float32 logits
+                torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
+            g = tile
+            if grad_buf is not None:
+                g = grad_buf[: tile.numel()].view(tile.shape)
+                torch.ops.rlkernel.linear_logp_cast(tile, g)
             if need_w:
                 dw_c = dw[c0:c1]
                 if r0 == 0:
-                    torch.mm(tile.t(), h, out=dw_c)
+                    torch.mm(g.t(), h, out=dw_c)
                 else:
-                    torch.addmm(dw_c, tile.t(), h, out=dw_c)
-            if need_b:
-                torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
+                    torch.addmm(dw_c, g.t(), h, out=dw_c)
             if need_h:
-                _accumulate(acc[: h.shape[0]], tile, weight[c0:c1], c0 == 0,
+                _accumulate(acc[: h.shape[0]], g, weight[c0:c1], c0 == 0,
                             None if tmp is None else tmp[: h.shape[0]])
         if need_h:
             torch.ops.rlkernel.linear_logp_cast(acc, dh[r0:r1])
@@ -237,12 +265,12 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
 class _FusedLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-                requested):
+                logits32, requested):
         logp, entropy, stats = _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy,
-                                        batch_invariant, shape)
+                                        batch_invariant, shape, logits32)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
-        ctx.requested = requested
+        ctx.requested, ctx.logits32 = requested, logits32
         ctx.set_materialize_grads(False)
         return logp, (entropy if return_entropy else None)
 
@@ -252,7 +280,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        none = (None,) * 7
+        none = (None,) * 8
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
@@ -261,12 +289,13 @@ class _FusedLinearLogp(torch.autograd.Function):
                                                                       ctx.batch_invariant):
             dh, dw, db = _backward(
                 rows2d, weight, bias, ids, stats, entropy, row_grad(grad_logp), row_grad(grad_entropy),
-                ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None)
+                ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None,
+                ctx.logits32)
         return (dh, dw, db) + none
 
 
 def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
-                      batch_invariant=False, requested="auto"):
+                      batch_invariant=False, requested="auto", logits32=False):
     """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
     No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``)."""
     _ext.load()  # raises rlkernel._ext.ExtensionNotBuilt; the ops' schemas and impls are all C++: nothing to register
@@ -277,7 +306,7 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
         weight_c = weight if weight.is_contiguous() else weight.contiguous()
         bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
         args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
-                bool(batch_invariant), token_ids.shape)
+                bool(batch_invariant), token_ids.shape, bool(logits32))
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (hidden, weight, bias))
         if wants_grad:

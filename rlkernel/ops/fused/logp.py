@@ -134,8 +134,7 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
     return logp.view(lead), (entropy.view(lead) if return_entropy else None)
 
 
-try:  # register as soon as the extension is there, so torch.compile and opcheck see the fake kernels
-    ensure_registered()
-except _ext.ExtensionNotBuilt:
-    pass
+# register as soon as the extension is loaded (now for an in-tree build, else after the first call loads or builds
+# it), so torch.compile and opcheck see the fake kernels; importing never builds
+_ext.when_loaded(ensure_registered)
 

@@ -99,7 +99,6 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     return ids, lp
 
 
-try:  # register as soon as the extension is there, so torch.compile and opcheck see the fake kernel
-    ensure_registered()
-except _ext.ExtensionNotBuilt:  # not built: rlkernel.sample then records a fallback with _ext's reason
-    pass
+# register as soon as the extension is loaded (now for an in-tree build, else after the first call loads or builds
+# it), so torch.compile and opcheck see the fake kernel; importing never builds
+_ext.when_loaded(ensure_registered)

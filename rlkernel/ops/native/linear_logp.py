@@ -6,7 +6,11 @@ feeds their gradient into the hidden-state and weight gradients (written out, so
 ``op.linear_logp.backward`` range and records its ``linear_logp.backward`` dispatch).
 
 Arithmetic: the logits are the matmul's result in the inputs' dtype (what ``hidden @ weight.T`` gives), then
-float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype.
+float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype. With float32
+logits (``logits32``, 16-bit inputs) the logits GEMM keeps its float32 result: on CUDA aten's float32-output GEMM of
+the 16-bit operands (``blas.float32_logits``), on CPU (or a torch without it) ``hidden.float() @ weight.float().T``
+(the best CPU reference there is: products of 16-bit values are exact in float32, so the two differ only in the
+order of the float32 sums; it follows torch's TF32 setting, off by default).
 ``batch_invariant=True`` pads every chunk to ``BI_ROWS`` rows and its logits to a multiple of ``_BI_COL_ALIGN``
 columns (-inf, probability 0), so each matmul and row reduction sees one shape and every row starts equally aligned
 (torch's row reductions split a row by its address), and on CUDA runs the matmuls as the fused path does
@@ -21,7 +25,7 @@ import torch
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
-from rlkernel.ops.blas import batch_invariant_blas
+from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.native.softmax import compute_dtype, entropy
 
 _CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
@@ -41,17 +45,30 @@ def _pad(t, rows, value=0):
     return t if extra <= 0 else torch.cat([t, t.new_full((extra,) + tuple(t.shape[1:]), value)])
 
 
-def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature):
-    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype, then upcast. With
+def _matmul(h, weight, bias, logits32, batch_invariant=False):
+    """h @ weight.T + bias: in the inputs' dtype, or (logits32) float32 from 16-bit operands."""
+    if not logits32:
+        return torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+    if h.device.type == "cuda":
+        reason, bias_mode = float32_output_gemm(h.device, h.dtype, batch_invariant)
+        if reason is None:
+            out = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
+            return float32_logits(h, weight.t(), bias, out, bias_mode)
+    logits = h.float() @ weight.float().t()
+    return logits if bias is None else logits + bias.float()
+
+
+def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature, logits32=False):
+    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype (float32 with logits32), then
+    upcast. With
     batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended) and its rows are padded with -inf
     columns to a multiple of _BI_COL_ALIGN: every matmul and every row reduction after it sees one shape and one
     row alignment; callers keep the first r1 - r0 rows and V columns of what they compute."""
     if not batch_invariant:
-        h = hidden[r0:r1]
-        return (torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()).to(cd) / temperature
+        return _matmul(hidden[r0:r1], weight, bias, logits32).to(cd) / temperature
     h = _pad(hidden[r0:r1], rows)
     with batch_invariant_blas(h.dtype, h.device):
-        logits = torch.addmm(bias, h, weight.t()) if bias is not None else h @ weight.t()
+        logits = _matmul(h, weight, bias, logits32, True)
     vocab = weight.shape[0]
     x = torch.full((rows, -(-vocab // _BI_COL_ALIGN) * _BI_COL_ALIGN), -math.inf, dtype=cd, device=h.device)
     x[:, :vocab] = logits.to(cd) / temperature
@@ -66,13 +83,13 @@ def _softmax_parts(x):
 class _NativeLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, temperature, return_entropy, batch_invariant,
-                record):
+                record, logits32):
         n, vocab = hidden.shape[0], weight.shape[0]
         cd = compute_dtype(hidden.dtype)
         out = torch.zeros(n, dtype=cd, device=hidden.device)
         ent = torch.zeros(n, dtype=cd, device=hidden.device) if return_entropy else None
         for r0, r1, rows in _chunks(n, vocab, batch_invariant):
-            x = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature)
+            x = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature, logits32)
             logp_all, p = _softmax_parts(x)
             k = r1 - r0
             out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
@@ -83,7 +100,7 @@ class _NativeLinearLogp(torch.autograd.Function):
         if return_entropy:
             ent = torch.where(bad, nan, torch.where(valid, ent, zero))
         ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)
-        ctx.temperature, ctx.batch_invariant, ctx.record = temperature, batch_invariant, record
+        ctx.temperature, ctx.batch_invariant, ctx.record, ctx.logits32 = temperature, batch_invariant, record, logits32
         ctx.set_materialize_grads(False)
         return out, ent
 
@@ -105,7 +122,7 @@ class _NativeLinearLogp(torch.autograd.Function):
             if grad_logp is None and grad_ent is None:
                 n = 0  # nothing reaches the outputs: zero gradients
             for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
-                x = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, t)
+                x = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, t, ctx.logits32)
                 m, k = x.shape[0], r1 - r0  # m = k, or the padded chunk (batch_invariant)
                 logp_all, p = _softmax_parts(x)
                 g = torch.zeros_like(x)
@@ -131,11 +148,12 @@ class _NativeLinearLogp(torch.autograd.Function):
                     db += g.sum(0)
             cast = lambda a, like: a.to(like.dtype) if a is not None else None  # noqa: E731
             return (cast(dh, hidden), cast(dw, weight), cast(db, weight) if bias is not None else None,
-                    None, None, None, None, None, None, None)
+                    None, None, None, None, None, None, None, None)
 
 
 def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
-                       batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False):
+                       batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False,
+                       logits32=False):
     """Native log-probs of validated inputs: (logp, entropy or None), float32; ``keep_dtype`` keeps float64 for
     float64 inputs (gradcheck). On CUDA a bad id gives NaN and goes to the device error record by tensor ops on
     the stream (no host sync). The whole call runs inside ``op.linear_logp.forward``."""
@@ -150,7 +168,7 @@ def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_i
         status = "fallback" if fallback_reason else "native"
         out, ent = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, float(temperature),
                                            bool(return_entropy), bool(batch_invariant),
-                                           (requested, status, fallback_reason))
+                                           (requested, status, fallback_reason), bool(logits32))
         if hidden.device.type == "cuda":
             address, seq, sync = errors.begin("linear_logp.forward", hidden.device, token_ids.shape, vocab)
             errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, hidden.device, bad, ids)

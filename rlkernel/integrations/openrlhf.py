@@ -1,0 +1,70 @@
+"""rlkernel.integrations.openrlhf: OpenRLHF's per-token log-probs and entropy through rlkernel.logp.
+
+OpenRLHF's ``Actor.forward`` scores the float32 logits it holds with ``openrlhf.models.utils.log_probs_from_logits``
+and ``compute_entropy``. ``apply()`` replaces both module globals, and the same names in every ``openrlhf`` module
+already imported that bound them (``from .utils import ...``: ``openrlhf.models.actor``); a module imported later
+binds the replacements. They keep OpenRLHF's semantics: ``log_probs_from_logits(logits, labels, temperature)``
+divides the logits in place by a temperature other than 1 (as OpenRLHF's does), both return ``logits.shape[:-1]``
+in the logits' dtype, computed in float32 by rlkernel.logp (OpenRLHF's bfloat16 path computes in bfloat16), and
+``compute_entropy`` scores a dummy id (id 0) for the entropy, which rlkernel.logp returns with a log-prob.
+Nothing falls back: every call OpenRLHF makes is one rlkernel.logp computes (its own records say which path ran).
+
+Tested against the functions themselves: importing ``openrlhf.models`` imports ``Actor``, whose module imports
+``flash_attn``, which cannot be built on a CPU machine, so ``Actor.forward`` itself is untested here.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from importlib import metadata
+
+import torch
+
+import rlkernel
+from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
+
+OP = "integrations.openrlhf"
+MINIMUM, BELOW = (0, 11), (0, 12)
+NAMES = ("log_probs_from_logits", "compute_entropy")
+_state: dict = {}  # the active patch
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """OpenRLHF's ``log_probs_from_logits`` by rlkernel.logp (its in-place temperature division kept)."""
+    if temperature != 1.0:
+        logits.div_(temperature)
+    return rlkernel.logp(logits, labels, **_state.get("options", {})).to(logits.dtype)
+
+
+def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """OpenRLHF's ``compute_entropy`` by rlkernel.logp's entropy (a dummy id 0 scored alongside)."""
+    ids = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state.get("options", {}))
+    return entropy.to(logits.dtype)
+
+
+REPLACEMENTS = {"log_probs_from_logits": log_probs_from_logits, "compute_entropy": compute_entropy}
+
+
+def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
+    """Route OpenRLHF's ``log_probs_from_logits`` and ``compute_entropy`` through ``rlkernel.logp`` (process-wide).
+    Returns the Patch (``undo()``, or a context manager); a second call with the same options returns the active
+    one. Raises UnsupportedVersionError outside openrlhf >=0.11,<0.12."""
+    import openrlhf  # noqa: F401  (ImportError where it is not installed)
+
+    check_version("openrlhf", "openrlhf", metadata.version("openrlhf"), MINIMUM, BELOW)
+    utils = importlib.import_module("openrlhf.models.utils")
+    options = {"backend": backend, "require_fused": bool(require_fused)}
+    existing = reuse(_state.get("patch"), "rlkernel.integrations.openrlhf", options)
+    if existing is not None:
+        return existing
+    check_options(backend, require_fused)
+    originals = {name: getattr(utils, name) for name in NAMES}
+    targets = [(utils, name, REPLACEMENTS[name]) for name in NAMES]
+    for mod_name, mod in list(sys.modules.items()):  # modules that imported the functions by name
+        if mod_name.startswith("openrlhf.") and mod is not utils and mod is not None:
+            targets += [(mod, name, REPLACEMENTS[name]) for name in NAMES
+                        if vars(mod).get(name) is originals[name]]
+    _state["options"] = options
+    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, options, on_undo=lambda: _state.clear())
+    return _state["patch"]
