@@ -333,3 +333,21 @@ def test_phases_with_ranks_is_a_usage_error(tmp_path, capsys):
     assert analyze.main(["--ranks", str(DATA / "ranks"), "--out", str(tmp_path / "r"), "--phase", "x"]) == EXIT_USAGE
     assert "--phase and --step-range are not read with --ranks yet" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_trl_capture_names_trls_chunked_logprob_kernels():
+    """tests/data/capture_trl (H200, TRL 1.16 GRPOTrainer, no rlkernel swap): the log-probs of every phase that
+    computes them are TRL's Triton `_forward_kernel`; attention's plain softmax_warp_forward (is_log_softmax 0) is
+    not a log-prob kernel."""
+    case = DATA / "capture_trl"
+    if not (case / "trace.sqlite").is_file():
+        pytest.skip("no tests/data/capture_trl")
+    res = analysis.analyze(analysis.Source(case / "trace.sqlite"), phases=[])
+    p = res.tables["phases"].set_index("name")
+    ref = nvidia(case, "stats_nvtx_kern_sum")
+    fwd = ref[ref["Kernel Name"] == "_forward_kernel"].groupby("NVTX Range")["Total Time (ns)"].sum()
+    for name in ("old_logprob", "reference_logprob", "policy_forward", "step"):
+        assert p.loc[name, "logprob_by"] == "TRL chunked", name
+        assert p.loc[name, "logprob_ns"] == fwd[f"rlkernel:phase:{name}"], name
+    assert pd.isna(p.loc["rollout", "logprob_by"])  # generation: attention softmax only
+    assert res.phase_view.headline.endswith(f"log-probs: TRL chunked, {fwd['rlkernel:phase:step'] / 1e3:.3g} µs/step")
