@@ -16,7 +16,7 @@ import time
 
 import pandas as pd
 
-from pipelines import ncu_csv, sql, trace_db
+from pipelines import ncu_csv, phase_view, sql, trace_db
 from rlkernel import op_kernels, textsafe  # torch-free: each op's helper kernel globs; names made printable
 
 DEFAULT_PATTERNS = ("rlkernel_*",)
@@ -65,6 +65,7 @@ class Result:
     held_syncs: pd.DataFrame | None = None  # queries/held_syncs.sql: syncs inside instances that must not block
     timeline: pd.DataFrame | None = None  # queries/timeline.sql: one steady-state repetition per workload
     first_calls: pd.DataFrame | None = None  # queries/first_calls.sql: each op range's first call apart
+    phase_view: phase_view.PhaseView | None = None  # steps.csv, phases.csv, the headline (pipelines.phase_view)
 
 
 def progress(msg: str) -> None:
@@ -209,14 +210,18 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
     con.unregister("ncu_df")
 
 
-def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None, prepare=None) -> Result:
+def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None, prepare=None,
+            phases: list[str] | None = None, step_range: str | None = None) -> Result:
     """``prepare(con)``, when given, runs on the loaded ``src_*`` tables before staging (pipelines.ranks keeps
-    one process of a multi-process export there)."""
+    one process of a multi-process export there). ``phases`` (a list, maybe empty: the rlkernel domain's
+    ``phase:<name>`` ranges are phases anyway) and ``step_range`` ask for the RL-step view (steps.csv,
+    phases.csv, the headline: pipelines.phase_view); None leaves it out."""
     with Heartbeat(src.trace.name).running() as beat:
-        return _analyze(src, patterns, ranges, con, beat, prepare)
+        return _analyze(src, patterns, ranges, con, beat, prepare, phases, step_range)
 
 
-def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None) -> Result:
+def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None, phases=None,
+             step_range=None) -> Result:
     t0 = time.perf_counter()
     beat.phase, beat.step = "loading", "the export"  # said only if it outlasts a heartbeat: bad input stays one line
     trace = trace_db.open_trace(src.trace, con)
@@ -269,9 +274,15 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None) 
     tables["repetition_gaps"] = sql.frame(c, "repetition_gaps", {"top": REPETITION_GAPS})
     timeline = sql.frame(c, "timeline", {"max_items": TIMELINE_ITEMS})
     first_calls = sql.frame(c, "first_calls")
+    view = None
+    if phases is not None or step_range:
+        beat("phases", len(questions), len(questions), "questions")
+        view = phase_view.build(c, distinct, list(phases or ()), step_range)
+        if view is not None:
+            tables["steps"], tables["phases"] = view.steps, view.phases
     seconds = time.perf_counter() - t0
     progress(f"{src.trace.name}: analyzed in {seconds:.1f} s")
-    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held, timeline, first_calls)
+    return Result(src, trace.meta(), tables, workloads, pats, counts, seconds, held, timeline, first_calls, view)
 
 
 def sync_failures(result: Result) -> list[str]:

@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from pipelines import analysis, compare, cross_rank, inputs, outdir, ranks, report, trace_db
+from pipelines import analysis, compare, cross_rank, inputs, outdir, phase_view, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import (
@@ -48,7 +48,9 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
         epilog="With no INPUT: the newest complete run under ./runs, else the example trace bundled with the "
                "package. Outputs: kernel_summary.csv, range_summary.csv, range_kernels.csv, dispatch.csv, "
                "gaps.csv and utilization.csv (as nsys analyze's gpu_gaps and gpu_time_util), repetition_gaps.csv, "
-               "bandwidth.csv (when the manifest gives bytes), compare.csv and compare.json (with --compare), "
+               "bandwidth.csv (when the manifest gives bytes), steps.csv and phases.csv (when the trace has phases: "
+               "rlkernel.phase/step ranges, --phase, --step-range; the headline atop report.html and printed), "
+               "compare.csv and compare.json (with --compare), "
                "report.html; CSV text cells that a spreadsheet would take for a formula (=, +, -, @) get a leading ' "
                "(docs/contracts.md, section 9). "
                "Exit codes: 0 done, 1 a requested check failed (--require-fused, --require-no-sync, --compare), "
@@ -66,6 +68,13 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     p.add_argument("--range", metavar="NAME", action="append", default=[], dest="ranges",
                    help="also judge this NVTX range as a workload (`domain:name`, `:name` for the default "
                         "domain, or the bare name in any domain)")
+    p.add_argument("--phase", metavar="RANGE", action="append", default=[], dest="phases",
+                   help="also treat this NVTX range as a phase of the training step (--range's matching rules; "
+                        "the rlkernel domain's phase:<name> ranges are phases anyway): steps.csv, phases.csv and "
+                        "the headline")
+    p.add_argument("--step-range", metavar="RANGE",
+                   help="the NVTX range that is one training step (--range's matching rules; default: the "
+                        "rlkernel domain's phase:step, from rlkernel.step())")
     p.add_argument("--require-fused", action="store_true",
                    help="after writing the reports, exit 1 when a workload that must be fused (one with "
                         "fused_ops, or a *-fused range) or one of its required op ranges is not fused")
@@ -99,7 +108,10 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
 
 def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
     try:
-        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges)
+        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges, phases=args.phases,
+                                step_range=args.step_range)
+    except phase_view.PhaseError as e:
+        raise UsageError(str(e)) from None
     except trace_db.NUMERIC_ERRORS as e:
         raise trace_db.out_of_range(src.trace, e) from None
 
@@ -113,7 +125,8 @@ def compare_frames(cur: analysis.Result, base: analysis.Result, threshold: float
 
 def outputs(res: analysis.Result, cmp: pd.DataFrame | None, fails: list[str],
             cmp_meta: dict | None = None) -> dict[str, bytes]:
-    files = {f"{name}.csv": report.csv_bytes(df, analysis.COLUMNS[name]) for name, df in res.tables.items()}
+    files = {f"{name}.csv": report.csv_bytes(df, analysis.COLUMNS.get(name, list(df.columns)))
+             for name, df in res.tables.items()}  # steps.csv: one pct_<phase> column per phase
     if cmp is not None:
         files["compare.csv"] = report.csv_bytes(cmp, list(cmp.columns))
         files["compare.json"] = compare.to_json(cmp, cmp_meta or {})
@@ -172,6 +185,8 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.ranks is not None and (args.phases or args.step_range):
+        raise UsageError("--phase and --step-range are not read with --ranks yet: analyse one rank's export")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
     paths = [pathlib.Path(i) for i in args.inputs] or [default_input()]
@@ -198,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         except outdir.OutputError as e:
             raise UsageError(str(e)) from None
         say(f"{PROG}: wrote {len(written)} files to {out} ({res.seconds:.1f} s)")
+        if res.phase_view is not None and res.phase_view.headline:
+            say(f"  {res.phase_view.headline}")
         for r in res.workloads.itertuples(index=False):
             say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
                 "each)")

@@ -17,6 +17,7 @@ from pipelines import swap
 OUTPUT_NAMES = frozenset({"kernel_summary.csv", "range_summary.csv", "range_kernels.csv", "dispatch.csv",
                           "bandwidth.csv", "compare.csv", "compare.json", "gaps.csv", "utilization.csv",
                           "repetition_gaps.csv", "report.html",
+                          "steps.csv", "phases.csv",  # the RL-step view (pipelines.phase_view)
                           "ranks.csv", "cross_rank.csv"})  # --ranks (pipelines.cross_rank)
 
 

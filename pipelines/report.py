@@ -230,6 +230,7 @@ def scrub_sides(meta: dict) -> dict:
 def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dict, failures: list[str],
                 compare_meta: dict | None = None) -> bytes:
     wl, wl_cols, extras = report_rows.workloads(result)
+    view = getattr(result, "phase_view", None)  # the RL-step view (pipelines.phase_view); None for --ranks
     badges = [{"range": r["range"], "verdict": r["verdict"], "instances": int(r["instances"]),
                "mean": r["mean_gpu_busy_ns"], **extras.get(r["range"], {})}
               for _, r in wl.iterrows()] if wl is not None else []
@@ -271,5 +272,7 @@ def render_html(result, tables: dict, compare: pd.DataFrame | None, columns: dic
                              ["range", "instances", "first_dur_ns", "first_proj_ns", "first_busy_ns",
                               "steady_med_dur_ns", "steady_med_proj_ns", "steady_med_busy_ns"]),
         "verdict_order": VERDICT_ORDER,
+        "step_view": {"headline": view.headline} if view is not None else None,
+        "step_timelines": timeline.layouts(view.timeline, fmt_ns) if view is not None else [],
     }
     return environment().get_template("report.html.j2").render(**ctx).encode()

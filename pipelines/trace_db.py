@@ -37,7 +37,7 @@ SCHEMA: dict[str, dict[str, str]] = {
         "start": "BIGINT", "end": "BIGINT", "globalTid": "BIGINT", "correlationId": "BIGINT", "nameId": "BIGINT"},
     "NVTX_EVENTS": {
         "start": "BIGINT", "end": "BIGINT", "eventType": "BIGINT", "text": "VARCHAR", "textId": "BIGINT",
-        "globalTid": "BIGINT", "endGlobalTid": "BIGINT", "domainId": "BIGINT"},
+        "globalTid": "BIGINT", "endGlobalTid": "BIGINT", "domainId": "BIGINT", "int64Value": "BIGINT"},
     "TARGET_INFO_GPU": {
         "id": "BIGINT", "name": "VARCHAR", "busLocation": "VARCHAR", "totalMemory": "BIGINT",
         "memoryBandwidth": "BIGINT", "smCount": "BIGINT", "computeMajor": "BIGINT", "computeMinor": "BIGINT",

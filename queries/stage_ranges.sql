@@ -4,6 +4,7 @@
 -- scope: 'thread' for push/pop and for start/end ranges ended on the thread that started them (nsys attributes
 -- these to that thread's launches); 'process' for start/end ranges ended on another thread (nsys attributes
 -- nothing to them; we attribute the process's launches inside their time window).
+-- payload: the event's int64 payload (rlkernel.step() puts the step index there), NULL where none.
 -- A range never closed (end NULL) is taken to run to the last NVTX timestamp, as nsys does.
 CREATE OR REPLACE TEMP TABLE ranges AS
 WITH ev AS (
@@ -29,7 +30,8 @@ SELECT
     ev.globalTid AS tid,
     ev.proc,
     CASE WHEN ev.eventType IN (59, 70) OR ev.endGlobalTid IS NULL OR ev.endGlobalTid = ev.globalTid
-         THEN 'thread' ELSE 'process' END AS scope
+         THEN 'thread' ELSE 'process' END AS scope,
+    ev.int64Value AS payload
 FROM ev
 LEFT JOIN domains AS d ON d.domainId = ev.domainId AND d.proc = ev.proc
 LEFT JOIN src_StringIds AS s ON s.id = ev.textId

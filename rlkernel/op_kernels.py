@@ -27,3 +27,29 @@ HELPER_GLOBS: dict[str, tuple[str, ...]] = {
 def helper_rows() -> list[tuple[str, str]]:
     """(op, glob) pairs, the form the verdict query reads (temp table ``op_helper_globs``)."""
     return [(op, pat) for op, pats in sorted(HELPER_GLOBS.items()) for pat in pats]
+
+
+# Who computed the log-probs (the RL-step report's phases.csv, column logprob_by): kernel-name globs of each
+# family, first match wins, in this order. The rlkernel families also count every kernel inside an
+# `op.logp.*` / `op.linear_logp*` range (the native path runs PyTorch's kernels there, by verdict); the others are
+# recognised by name only. Globs are matched as SQL GLOB against the short and the demangled name. TRL's chunked
+# log-prob kernels are the Triton functions `_forward_kernel` / `_backward_kernel` of trl/kernels/chunked_logprob.py
+# and logprob_entropy.py (TRL 1.16; nsys names a Triton kernel by its function: seen in tests/data/capture_trl);
+# Liger's are its Triton kernels (`liger_cross_entropy_kernel`, `_cross_entropy_kernel`, ...), not yet seen in a
+# capture; PyTorch's log_softmax is `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>` or
+# `softmax_warp_forward<..., (bool)1, ...>` (is_log_softmax set; `(bool)0` is a plain softmax, attention's).
+LOGPROB_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("rlkernel fused", ("rlkernel_logp_*", "rlkernel_linear_logp_*")),
+    ("Liger", ("*liger*", "_cross_entropy_kernel*", "*element_mul_kernel*", "_jsd_kernel*")),
+    ("TRL chunked", ("_forward_kernel", "_backward_kernel", "triton_*log_softmax*gather*")),
+    ("PyTorch log_softmax", ("*LogSoftMax*", "*log_softmax*", "*logsoftmax*",
+                             "*softmax_warp_forward<*(bool)1, (bool)*", "*softmax_warp_backward<*(bool)1, (bool)*")),
+    ("PyTorch cross-entropy", ("*nll_loss*", "*cross_entropy*")),
+)
+# Op ranges whose kernels are rlkernel's log-prob work on either path (contract 3): their verdict names the path.
+LOGPROB_OP_RANGES = ("rlkernel:op.logp.*", "rlkernel:op.linear_logp*")
+
+
+def logprob_rows() -> list[tuple[int, str, str]]:
+    """(rank, family, glob) rows, the form queries/phase_logprobs.sql reads (temp table ``logprob_globs``)."""
+    return [(rank, fam, pat) for rank, (fam, pats) in enumerate(LOGPROB_FAMILIES) for pat in pats]

@@ -1,0 +1,353 @@
+"""The RL-step view (issue 35): `analyze --phase / --step-range`, steps.csv, phases.csv, the headline.
+
+Three kinds of input: a tiny export written here in nsys's schema whose kernels overlap (the busy time is an
+interval union, checked against numbers worked out by hand); the verl-style H200 fixture (tests/data/verl_ranges)
+with --phase, against the `nsys stats` / `nsys analyze` CSVs beside it; and a command captured on the CPU under
+tests/fake_nsys.py (its rlkernel.phase / rlkernel.step ranges, no GPU work). The real H200 captures
+(tests/data/capture_*/, when present) are compared with their NVIDIA CSVs the same way.
+"""
+from __future__ import annotations
+
+import csv
+import pathlib
+import sqlite3
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from pipelines import analysis, analyze, phase_view
+from rlkernel import op_kernels
+from rlkernel.cli import EXIT_OK, EXIT_USAGE
+from tests.nsys_reference import DATA
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PID, TID = 100, 100
+GTID, GPID = (PID << 24) | TID, PID << 24
+
+
+def read_csv(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---- a synthetic export: overlapping kernels ------------------------------------------------------------------
+
+def synthetic(path: pathlib.Path) -> pathlib.Path:
+    """One step [0, 1000] (payload 7) holding rollout [100, 400] and loss [500, 900] in domain rlkernel.
+    rollout launches kernels [200, 300] and [250, 350] (overlapping) and [400, 420] (after the phase closed):
+    busy 170 ns of 220 ns kernel time. loss launches a log_softmax kernel [600, 700] and a GEMM [620, 650]
+    inside it (busy 100 ns) and calls cudaStreamSynchronize [800, 850]. A kernel launched after the step counts
+    nowhere."""
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL)")
+    con.execute("CREATE TABLE META_DATA_EXPORT (name TEXT, value TEXT)")
+    con.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_PRODUCT_NAME', 'synthetic')")
+    con.execute("CREATE TABLE NVTX_EVENTS (start INTEGER NOT NULL, end INTEGER, eventType INTEGER NOT NULL, "
+                "text TEXT, globalTid INTEGER, endGlobalTid INTEGER, textId INTEGER, domainId INTEGER, "
+                "int64Value INTEGER)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+                "streamId INTEGER, correlationId INTEGER, globalPid INTEGER, demangledName INTEGER, "
+                "shortName INTEGER)")
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER, globalTid INTEGER, "
+                "correlationId INTEGER, nameId INTEGER)")
+    strings = ["phase:step", "phase:rollout", "phase:loss", "elementwise_kernel", "cunn_SoftMaxForward",
+               "void cunn_SoftMaxForward<4, float, float, float, LogSoftMaxForwardEpilogue>(float *, float *, int)",
+               "sm90_xmma_gemm_bf16", "cudaLaunchKernel_v7000", "cudaStreamSynchronize_v3020"]
+    sid = {s: i + 1 for i, s in enumerate(strings)}
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(i, s) for s, i in sid.items()])
+    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, 'rlkernel', "
+                "?, 1)", (GTID,))
+    for name, start, end, payload in (("phase:step", 0, 1000, 7), ("phase:rollout", 100, 400, None),
+                                      ("phase:loss", 500, 900, None)):
+        con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, globalTid, textId, domainId, int64Value) "
+                    "VALUES (?, ?, 59, ?, ?, 1, ?)", (start, end, GTID, sid[name], payload))
+    ew, sm, gemm = sid["elementwise_kernel"], sid["cunn_SoftMaxForward"], sid["sm90_xmma_gemm_bf16"]
+    smd = sid[strings[5]]
+    kernels = [  # (corr, launch start, start, end, short, demangled)
+        (1, 110, 200, 300, ew, ew), (2, 120, 250, 350, ew, ew), (3, 130, 400, 420, ew, ew),
+        (4, 510, 600, 700, sm, smd), (5, 520, 620, 650, gemm, gemm), (6, 1100, 1200, 1300, ew, ew)]
+    for corr, launch, start, end, short, dem in kernels:
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, ?, ?, ?, ?, ?)",
+                    (start, end, 7 + corr % 2, corr, GPID, dem, short))
+        con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?)",
+                    (launch, launch + 5, GTID, corr, sid["cudaLaunchKernel_v7000"]))
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (800, 850, ?, 99, ?)",
+                (GTID, sid["cudaStreamSynchronize_v3020"]))
+    con.commit()
+    con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    return synthetic(tmp_path_factory.mktemp("phases") / "synthetic.sqlite")
+
+
+def test_busy_time_is_the_union_of_overlapping_kernels(synth):
+    res = analysis.analyze(analysis.Source(synth), phases=[])
+    steps, phases = res.tables["steps"], res.tables["phases"].set_index("name")
+    assert len(steps) == 1
+    s = steps.iloc[0]
+    assert (s.step, s.wall_ns, s.gpu_busy_ns, s.kernel_ns, s.gpu_idle_ns, s.host_syncs) == (7, 1000, 270, 350, 730, 1)
+    assert s.busy_pct == 27.0 and (s.pct_rollout, s.pct_loss) == (30.0, 40.0)
+    assert list(steps.columns[-2:]) == ["pct_rollout", "pct_loss"]  # in the order the phases ran
+    r, lo = phases.loc["rollout"], phases.loc["loss"]
+    assert (r.instances, r.total_ns, r.gpu_busy_ns, r.proj_total_ns, r.gpu_ops) == (1, 300, 170, 220, 3)
+    assert r.longest_gaps == "50 ns in #1"  # [350, 400]: between the union and the late kernel
+    assert (lo.gpu_busy_ns, lo.host_syncs, lo.step_share_pct, lo.busy_pct) == (100, 1, 40.0, 25.0)
+    assert lo.sync_calls == "cudaStreamSynchronize_v3020 (cuda_api_sync) x1"
+    assert lo.top_kernels == "cunn_SoftMaxForward 100 ns; sm90_xmma_gemm_bf16 30 ns"
+    assert (lo.logprob_by, lo.logprob_ns) == ("PyTorch log_softmax", 100)
+    assert pd.isna(r.logprob_by)
+    assert res.phase_view.headline == ("GPU busy 27 % of the step; loss 40 % of wall time, host-bound "
+                                       "(1 syncs/step); log-probs: PyTorch log_softmax, 100 ns/step")
+    tl = res.phase_view.timeline
+    assert set(tl["workload"]) == {"step 7"} and set(tl.loc[tl.kind == "range", "label"]) == {
+        "rlkernel:phase:step", "rlkernel:phase:rollout", "rlkernel:phase:loss"}
+
+
+def test_without_the_option_the_view_is_left_out_and_the_cli_writes_it(synth, tmp_path, capsys):
+    assert analysis.analyze(analysis.Source(synth)).phase_view is None  # --ranks, library callers
+    out = tmp_path / "rep"
+    assert analyze.main([str(synth), "--out", str(out)]) == EXIT_OK
+    said = capsys.readouterr().out
+    assert "  GPU busy 27 % of the step; loss 40 % of wall time" in said
+    assert {"steps.csv", "phases.csv"} <= {p.name for p in out.iterdir()}
+    assert read_csv(out / "steps.csv")[0]["gpu_busy_ns"] == "270"
+    assert [r["name"] for r in read_csv(out / "phases.csv")] == ["step", "rollout", "loss"]
+    html = (out / "report.html").read_text()
+    assert html.index("Where a training step goes") < html.index("<h2>Environment</h2>")
+    assert "GPU busy 27 % of the step" in html and "step 7</strong>: the step with the median wall span" in html
+
+
+def test_step_range_names_another_range_and_bad_names_exit_2(synth, tmp_path, capsys):
+    res = analysis.analyze(analysis.Source(synth), phases=[], step_range="phase:loss")
+    steps = res.tables["steps"]
+    assert list(steps["range"]) == ["rlkernel:phase:loss"] and list(steps["gpu_busy_ns"]) == [100]
+    assert "pct_rollout" not in steps.columns  # rollout lies outside the loss "step"
+    for flag in ("--phase", "--step-range"):
+        assert analyze.main([str(synth), "--out", str(tmp_path / "x"), flag, "phase:rolout"]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"{flag} phase:rolout: no such range in the input; closest: phase:rollout" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_logprob_families_are_data_beside_the_helper_globs():
+    fams = [f for f, _ in op_kernels.LOGPROB_FAMILIES]
+    assert fams[0] == "rlkernel fused" and {"Liger", "TRL chunked", "PyTorch log_softmax",
+                                            "PyTorch cross-entropy"} <= set(fams)
+    assert all(pats for _, pats in op_kernels.LOGPROB_FAMILIES)
+    assert op_kernels.logprob_rows()[0] == (0, "rlkernel fused", "rlkernel_logp_*")
+
+
+# ---- the verl-style H200 fixture, against nsys's own CSVs -----------------------------------------------------
+
+VERL_PHASES = ["gen", "old_log_prob", "ref", "update_actor", "optimizer", "worker"]
+
+
+def nvidia(case: pathlib.Path, report: str) -> pd.DataFrame:
+    path = case / f"{report}.csv"
+    return pd.read_csv(path) if path.stat().st_size else pd.DataFrame()
+
+
+def nvtx_instances(trace: pathlib.Path) -> pd.DataFrame:
+    """Every NVTX range instance straight from the export: range name (`domain:message`), start, end, tid."""
+    con = sqlite3.connect(f"file:{trace}?mode=ro", uri=True)
+    try:
+        return pd.read_sql_query("""
+            SELECT coalesce((SELECT coalesce(s2.value, d.text) FROM NVTX_EVENTS d LEFT JOIN StringIds s2
+                               ON s2.id = d.textId WHERE d.eventType = 75 AND d.domainId = e.domainId
+                               AND (d.globalTid >> 24) = (e.globalTid >> 24)), '')
+                   || ':' || coalesce(s.value, e.text, '') AS range,
+                   e.start, e."end", e.globalTid & 16777215 AS tid
+            FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId WHERE e.eventType IN (59, 60, 70, 71)""",
+            con)
+    finally:
+        con.close()
+
+
+def check_against_nvidia(case: pathlib.Path, res) -> None:
+    """phases.csv against nsys on the same export: instances and total wall span (nvtx_sum), projection and GPU
+    ops (nvtx_gpu_proj_sum), host syncs (the four sync rules' rows whose host call lies inside an instance on its
+    thread); the longest idle gap of any phase is no longer than gpu_gaps' longest."""
+    phases = res.tables["phases"].set_index("phase")
+    ssum = nvidia(case, "stats_nvtx_sum").set_index("Range")
+    proj = nvidia(case, "stats_nvtx_gpu_proj_sum")
+    proj = proj.set_index("Range") if not proj.empty else proj
+    for rng, p in phases.iterrows():
+        assert (p.instances, p.total_ns) == (ssum.loc[rng, "Instances"], ssum.loc[rng, "Total Time (ns)"]), rng
+        if rng in proj.index:
+            assert (p.proj_total_ns, p.gpu_ops) == (proj.loc[rng, "Total Proj Time (ns)"],
+                                                    proj.loc[rng, "Total GPU Ops"]), rng
+        else:
+            assert (p.proj_total_ns, p.gpu_ops) == (0, 0), rng
+    inst = nvtx_instances(case / "trace.sqlite")
+    rules = [nvidia(case, f"rules_{r}") for r in ("cuda_api_sync", "cuda_memcpy_sync", "cuda_memcpy_async",
+                                                  "cuda_memset_sync")]
+    api = rules[0]
+    for rng, p in phases.iterrows():
+        mine = inst[inst["range"] == rng]
+        n = 0
+        for r in mine.itertuples(index=False):
+            if not api.empty:  # cuda_api_sync reports the host call itself
+                n += int(((api["TID"] == r.tid) & (api["Start (ns)"] >= r.start)
+                          & (api["Start (ns)"] + api["Duration (ns)"] <= r.end)).sum())
+        if all(df.empty for df in rules[1:]):  # the copy rules report the GPU op, not its call: none here
+            assert p.host_syncs == n, rng
+    trace = case / "stats_nvtx_pushpop_trace.csv"  # per push/pop instance (the capture fixtures have it)
+    if trace.is_file() and trace.stat().st_size and not res.tables["steps"].empty:
+        pp = nvidia(case, "stats_nvtx_pushpop_trace")
+        spans = set(zip(pp["Start (ns)"], pp["Duration (ns)"], strict=True))
+        steps = res.tables["steps"]
+        assert set(zip(steps["start_ns"], steps["wall_ns"], strict=True)) <= spans
+    gaps = nvidia(case, "rules_gpu_gaps")
+    longest = [int(g.split(" ns")[0]) for g in phases["longest_gaps"].dropna() for g in g.split("; ")]
+    if longest and not gaps.empty:
+        assert max(longest) <= gaps["Duration (ns)"].max()
+
+
+def test_verl_phases_equal_nsys():
+    case = DATA / "verl_ranges"
+    res = analysis.analyze(analysis.Source(case / "trace.sqlite"), phases=VERL_PHASES, step_range="verl:step")
+    check_against_nvidia(case, res)
+    phases = res.tables["phases"].set_index("name")
+    assert list(phases.index) == ["step", "gen", "old_log_prob", "ref", "update_actor", "optimizer", "worker"]
+    # update_actor's first instance holds the gap gpu_gaps finds second longest (the longest is before the steps):
+    # the same number, and it lies inside that instance
+    rule = nvidia(case, "rules_gpu_gaps").sort_values("Duration (ns)", ascending=False).iloc[1]
+    assert phases.loc["update_actor", "longest_gaps"].startswith(f"{rule['Duration (ns)']} ns in #1")
+    ua = nvtx_instances(case / "trace.sqlite").query("range == 'verl:update_actor'").sort_values("start").iloc[0]
+    assert ua.start <= rule["Start (ns)"] <= ua.end
+    steps = res.tables["steps"]
+    assert list(steps["step"]) == [0, 1, 2] and (steps["gpu_busy_ns"] <= steps["wall_ns"]).all()
+    # the steps' busy time: the union per step is at most their projections, and the kernels alone
+    assert steps["gpu_busy_ns"].sum() <= phases.loc["step", "proj_total_ns"]
+    assert steps["host_syncs"].sum() == phases.loc["step", "host_syncs"] == 3
+    assert steps["dtoh_copies"].sum() == phases.loc["step", "dtoh_copies"] <= \
+        nvidia(case, "stats_cuda_gpu_mem_time_sum")["Count"].sum()
+    assert "worker" not in steps.columns and "pct_worker" not in steps.columns  # the worker thread's range
+
+
+CAPTURES = sorted(p for p in DATA.glob("capture_*") if (p / "trace.sqlite").is_file())
+
+
+@pytest.mark.skipif(not CAPTURES, reason="no tests/data/capture_*/ fixtures (real H200 captures) here yet")
+@pytest.mark.parametrize("case", CAPTURES, ids=lambda p: p.name)
+def test_real_captures_phases_equal_nsys(case):
+    res = analysis.analyze(analysis.Source(case / "trace.sqlite"), phases=[])
+    assert res.phase_view is not None, "a capture of a job marked with rlkernel.phase/step"
+    check_against_nvidia(case, res)
+    assert res.phase_view.headline.startswith("GPU busy ")
+
+
+# ---- a command captured on the CPU: the phases' plumbing ------------------------------------------------------
+
+JOB = """
+import rlkernel
+
+for i in range(3):
+    with rlkernel.step(index=10 + i):
+        with rlkernel.phase("rollout"):
+            sum(range(200000))
+        with rlkernel.phase("loss"):
+            with rlkernel.phase("policy_forward"):
+                pass
+"""
+
+
+def test_a_captured_command_gives_steps_and_phases(tmp_path):
+    pytest.importorskip("duckdb")
+    import os
+
+    from tests import fake_nsys, nvtx_log
+
+    env = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
+               FAKE_NSYS_NVTX_LIB=str(nvtx_log.library(tmp_path)),
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    for var in ("NSYS", "FAKE_NSYS_FAIL", "FAKE_NSYS_NO_REP", "FAKE_NSYS_EXPORT_FAIL", "RLKERNEL_CAPTURE_STEPS"):
+        env.pop(var, None)
+    (tmp_path / "job.py").write_text(JOB)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.capture", "--output-dir", str(tmp_path / "runs"), "--",
+                           sys.executable, str(tmp_path / "job.py")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    proc = subprocess.run([sys.executable, "-m", "pipelines.analyze", str(run)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "  GPU busy 0 % of the step (3 steps); rollout " in proc.stdout
+    assert "log-probs: no log-prob kernels seen" in proc.stdout
+    steps = read_csv(run / "report" / "steps.csv")
+    assert [s["step"] for s in steps] == ["10", "11", "12"]
+    phases = {p["name"]: p for p in read_csv(run / "report" / "phases.csv")}
+    assert list(phases) == ["step", "rollout", "loss", "policy_forward"]
+    for s in steps:
+        assert s["gpu_busy_ns"] == "0" and s["gpu_idle_ns"] == s["wall_ns"] and s["host_syncs"] == "0"
+        shares = [float(s[f"pct_{n}"]) for n in ("rollout", "loss", "policy_forward")]
+        assert 0 < shares[0] < 100 and shares[2] <= shares[1] and shares[0] + shares[1] <= 100
+    for name in ("rollout", "loss", "policy_forward"):
+        p = phases[name]
+        assert p["instances"] == "3" and p["gpu_busy_ns"] == "0" and float(p["step_share_pct"]) > 0
+    wall = sum(int(s["wall_ns"]) for s in steps)
+    assert int(phases["step"]["total_ns"]) == wall and phases["step"]["step_share_pct"] == "100.0"
+    rollout = sum(float(s["pct_rollout"]) * int(s["wall_ns"]) for s in steps) / wall
+    assert abs(rollout - float(phases["rollout"]["step_share_pct"])) < 0.05
+
+
+def test_phase_specs_match_like_range():
+    distinct = pd.DataFrame({"range": ["rlkernel:phase:step", "rlkernel:phase:rollout", "verl:gen", ":gen"],
+                             "domain": ["rlkernel", "rlkernel", "verl", ""],
+                             "message": ["phase:step", "phase:rollout", "gen", "gen"]})
+    assert phase_view.phase_specs(distinct, [], None) == [("rlkernel:phase:step", "step", True),
+                                                          ("rlkernel:phase:rollout", "rollout", False)]
+    got = phase_view.phase_specs(distinct, ["gen"], "rollout")
+    assert got == [("rlkernel:phase:step", "step", False), ("rlkernel:phase:rollout", "rollout", True),
+                   ("verl:gen", "gen", False), (":gen", ":gen", False)]
+    with pytest.raises(phase_view.PhaseError, match="--phase nope: no such range in the input"):
+        phase_view.phase_specs(distinct, ["nope"], None)
+
+
+def test_op_verdicts_and_the_rlkernel_logprob_paths_inside_phases():
+    """tests/data/verdicts (H200): workload ranges named as phases hold rlkernel op ranges of both paths; their
+    kernels count as rlkernel fused or native by the op range's verdict, whatever their names."""
+    from pipelines import inputs
+
+    res = analysis.analyze(inputs.resolve(DATA / "verdicts"), phases=["logp-fused", "logp-native", "grpo-step"])
+    check_against_nvidia(DATA / "verdicts", res)
+    p = res.tables["phases"].set_index("name")
+    assert p.loc["logp-native", "op_verdicts"] == "rlkernel:op.logp.forward native x1"
+    assert p.loc["logp-native", "logprob_by"] == "rlkernel native"
+    assert p.loc["grpo-step", "op_verdicts"] == ("rlkernel:op.logp.backward fused x2; rlkernel:op.logp.forward "
+                                                 "fused x2; rlkernel:op.sample native x2")
+    assert p.loc["grpo-step", "logprob_by"] == "rlkernel fused"
+    d = res.tables["dispatch"]
+    ops = d[(d["level"] == "op") & d["range"].str.startswith("rlkernel:op.logp.") & (d["in_workload"] ==
+                                                                                     "rlkernel:grpo-step")]
+    assert p.loc["grpo-step", "logprob_ns"] == ops["kernel_ns"].sum() > 0  # the log-prob op ranges' kernels
+    assert res.tables["steps"].empty and res.phase_view.headline == ""  # phases, but no step range
+
+
+def test_phases_with_ranks_is_a_usage_error(tmp_path, capsys):
+    assert analyze.main(["--ranks", str(DATA / "ranks"), "--out", str(tmp_path / "r"), "--phase", "x"]) == EXIT_USAGE
+    assert "--phase and --step-range are not read with --ranks yet" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_trl_capture_names_trls_chunked_logprob_kernels():
+    """tests/data/capture_trl (H200, TRL 1.16 GRPOTrainer, no rlkernel swap): the log-probs of every phase that
+    computes them are TRL's Triton `_forward_kernel`; attention's plain softmax_warp_forward (is_log_softmax 0) is
+    not a log-prob kernel."""
+    case = DATA / "capture_trl"
+    if not (case / "trace.sqlite").is_file():
+        pytest.skip("no tests/data/capture_trl")
+    res = analysis.analyze(analysis.Source(case / "trace.sqlite"), phases=[])
+    p = res.tables["phases"].set_index("name")
+    ref = nvidia(case, "stats_nvtx_kern_sum")
+    fwd = ref[ref["Kernel Name"] == "_forward_kernel"].groupby("NVTX Range")["Total Time (ns)"].sum()
+    for name in ("old_logprob", "reference_logprob", "policy_forward", "step"):
+        assert p.loc[name, "logprob_by"] == "TRL chunked", name
+        assert p.loc[name, "logprob_ns"] == fwd[f"rlkernel:phase:{name}"], name
+    assert pd.isna(p.loc["rollout", "logprob_by"])  # generation: attention softmax only
+    assert res.phase_view.headline.endswith(f"log-probs: TRL chunked, {fwd['rlkernel:phase:step'] / 1e3:.3g} µs/step")
