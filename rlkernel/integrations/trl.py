@@ -126,27 +126,31 @@ def _phase_targets(trl) -> list:
         def __init__(self):
             self.step_open = self.optimizer_open = False
 
+        # Each hook checks what it opened: a marker must never stop a training run (a step whose begin the
+        # Trainer skipped is not closed; one left open is closed before the next).
         def on_step_begin(self, args, state, control, **kwargs):
+            self.close()
             rlkernel.step_begin(state.global_step)
             self.step_open = True
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.optimizer.__enter__()
-            self.optimizer_open = True
+            if not self.optimizer_open:
+                self.optimizer.__enter__()
+                self.optimizer_open = True
 
         def on_optimizer_step(self, args, state, control, **kwargs):
-            self.optimizer_open = False
-            self.optimizer.__exit__(None, None, None)
+            if self.optimizer_open:
+                self.optimizer_open = False
+                self.optimizer.__exit__(None, None, None)
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.step_open = False
-            rlkernel.step_end()
-
-        def close(self):  # train() raised inside a step: its ranges end there
-            if self.optimizer_open:
-                self.on_optimizer_step(None, None, None)
             if self.step_open:
-                self.on_step_end(None, None, None)
+                self.step_open = False
+                rlkernel.step_end()
+
+        def close(self):  # also when train() raised inside a step: its ranges end there
+            self.on_optimizer_step(None, None, None)
+            self.on_step_end(None, None, None)
 
     @functools.wraps(train)
     def phased_train(self, *args, **kwargs):
