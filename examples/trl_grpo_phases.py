@@ -1,7 +1,8 @@
 """A tiny TRL GRPOTrainer run whose RL phases are NVTX ranges (rlkernel.phase / rlkernel.step, contract 3).
 
 A random-weight Qwen2 (2 layers, width 32) built from a config and a character-level tokenizer built here: nothing
-is downloaded. TRL's own methods are wrapped on the trainer instance and a TrainerCallback marks the steps:
+is downloaded. ``rlkernel.integrations.trl.apply(head=False, phases=True)`` marks them where TRL runs them (its
+GRPOTrainer methods replaced on the class, a TrainerCallback for the steps; TRL's own LM head is kept):
 
   step               TrainerCallback.on_step_begin / on_step_end (index: state.global_step at the step's start)
   rollout            GRPOTrainer._generate (generation)
@@ -13,8 +14,7 @@ is downloaded. TRL's own methods are wrapped on the trainer instance and a Train
   optimizer          TrainerCallback.on_pre_optimizer_step / on_optimizer_step
   weight_sync        the vLLM weight sync, where TRL uses vLLM
 
-Under a profiler the ranges are in the trace; without one they cost nothing measurable (the wrappers are the
-functions themselves). Profile it with:
+Under a profiler the ranges are in the trace; without one a range costs one attribute test. Profile it with:
 
     python -m pipelines.capture -- python examples/trl_grpo_phases.py --max-steps 2
     python -m pipelines.capture --steps 1:2 -- python examples/trl_grpo_phases.py --max-steps 4
@@ -40,7 +40,6 @@ import rlkernel  # noqa: E402
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser, check_env_flags  # noqa: E402
 
 PROG = "trl_grpo_phases"
-TRL_METHODS = ("_generate", "_get_per_token_logps_and_entropies", "compute_loss")
 PROMPTS = ["abc", "hello", "grpo", "xyz", "phase", "step", "tiny", "rl"]
 
 
@@ -76,10 +75,6 @@ def imports():
         import trl
     except ImportError as e:
         raise CliError(f"{e.name} is missing: pip install trl==1.16.0 datasets", EXIT_BLOCKED) from None
-    missing = [m for m in TRL_METHODS if not hasattr(trl.GRPOTrainer, m)]
-    if missing:
-        raise CliError(f"TRL {trl.__version__}'s GRPOTrainer has no {', '.join(missing)}: this example wraps TRL "
-                       "1.16's methods (pip install trl==1.16.0)", EXIT_BLOCKED)
     return torch, tokenizers, transformers, datasets, trl
 
 
@@ -107,47 +102,6 @@ def reward(completions, **kwargs) -> list[float]:
     return [float(len(set(c))) for c in completions]
 
 
-def instrument(trainer, mods):
-    """The standard phases on a GRPOTrainer instance (its methods wrapped, a callback added); returns it."""
-    torch, _, transformers, _, _ = mods
-    marks = {n: rlkernel.phase(n) for n in ("old_logprob", "reference_logprob", "policy_forward")}
-    logps = trainer._get_per_token_logps_and_entropies
-
-    def per_token_logps(model, *args, **kwargs):
-        if trainer.ref_model is not None and model is trainer.ref_model:
-            name = "reference_logprob"
-        else:  # the policy: the training forward has grad; the old log-probs of the rollout do not
-            name = "policy_forward" if torch.is_grad_enabled() else "old_logprob"
-        with marks[name]:
-            return logps(model, *args, **kwargs)
-
-    trainer._get_per_token_logps_and_entropies = per_token_logps
-    trainer._generate = rlkernel.phase("rollout")(trainer._generate)
-    trainer.compute_loss = rlkernel.phase("loss")(trainer.compute_loss)
-    trainer.accelerator.backward = rlkernel.phase("backward")(trainer.accelerator.backward)
-    vllm = getattr(trainer, "vllm_generation", None)
-    if vllm is not None and hasattr(vllm, "sync_weights"):
-        vllm.sync_weights = rlkernel.phase("weight_sync")(vllm.sync_weights)
-
-    class Phases(transformers.TrainerCallback):
-        optimizer = rlkernel.phase("optimizer")
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            rlkernel.step_begin(state.global_step)
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.optimizer.__enter__()
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            self.optimizer.__exit__(None, None, None)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            rlkernel.step_end()
-
-    trainer.add_callback(Phases())
-    return trainer
-
-
 def train(args, mods) -> int:
     torch, _, transformers, datasets, trl = mods
     transformers.utils.logging.disable_progress_bar()  # the tiny model's save/load bars say nothing here
@@ -167,9 +121,13 @@ def train(args, mods) -> int:
         dataset = datasets.Dataset.from_dict({"prompt": PROMPTS})
         trainer = trl.GRPOTrainer(model=str(work / "model"), reward_funcs=reward, args=config,
                                   train_dataset=dataset, processing_class=trl_tokenizer(work / "model", mods))
-        instrument(trainer, mods)
+        try:
+            phases = rlkernel.integrations.trl.apply(head=False, phases=True)
+        except rlkernel.integrations.UnsupportedVersionError as e:
+            raise CliError(f"{e} (pip install trl==1.16.0)", EXIT_BLOCKED) from None
         t0 = time.perf_counter()
-        trainer.train()
+        with phases:
+            trainer.train()
         print(f"{PROG}: {args.max_steps} GRPO step(s) on {device} in {time.perf_counter() - t0:.2f} s "
               f"(TRL {trl.__version__})", flush=True)
     finally:

@@ -121,6 +121,10 @@ def test_apply_is_idempotent_undoes_and_checks_the_version(monkeypatch):
         with dispatch.recording() as rec:
             utils.log_probs_from_logits(logits.detach(), labels)
         assert [r.status for r, _ in rec.records] == ["native"]
+    with rk_orl.apply(phases=False) as q:  # no phase range either way (the module docstring says why)
+        assert q.options == {"backend": "auto", "require_fused": False, "phases": False}
+        logits, labels = _logits()
+        assert utils.log_probs_from_logits(logits.detach(), labels).shape == labels.shape  # no op keyword
     with pytest.raises(ValueError, match="contradicts"):
         rk_orl.apply(backend="native", require_fused=True)
     monkeypatch.setattr(rk_orl.metadata, "version", lambda name: "0.10.3")

@@ -195,6 +195,9 @@ def test_apply_is_idempotent_undoes_and_checks_the_version(monkeypatch):
     assert verl_F.logprobs_from_logits is ORIGINALS["logprobs"] and verl_F.entropy_from_logits is ORIGINALS["entropy"]
     with rk_verl.apply(require_fused=True), pytest.raises(rlkernel.FusedKernelUnavailable):
         verl_F.logprobs_from_logits(*_logits())
+    with rk_verl.apply(phases=False) as q:  # no phase range either way (the module docstring says why)
+        assert q.options == {"backend": "auto", "require_fused": False, "phases": False}
+        assert verl_F.logprobs_from_logits(*_logits()).dtype == torch.float32  # phases is no op keyword
     monkeypatch.setattr(sys.modules["verl"], "__version__", "0.8.0")
     with pytest.raises(UnsupportedVersionError, match="supports verl >=0.9,<0.10; found verl 0.8.0"):
         rk_verl.apply()

@@ -14,6 +14,8 @@ Each ``apply`` returns a ``Patch`` (``undo()``, or use it as a context manager),
 ``UnsupportedVersionError`` for a framework version it does not support. What rlkernel cannot compute goes back to
 the framework's own code with a dispatch record saying why (``rlkernel.dispatch.framework_fallback``,
 docs/contracts.md section 2). The framework modules are imported only by their own integration.
+``apply(phases=True)``, the default, also marks the standard RL phases where the framework runs them (TRL's
+GRPOTrainer; none in verl and OpenRLHF, whose patched functions run in several phases: docs/contracts.md section 3).
 """
 import importlib
 

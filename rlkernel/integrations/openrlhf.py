@@ -11,6 +11,11 @@ Nothing falls back: every call OpenRLHF makes is one rlkernel.logp computes (its
 
 Tested against the functions themselves: importing ``openrlhf.models`` imports ``Actor``, whose module imports
 ``flash_attn``, which cannot be built on a CPU machine, so ``Actor.forward`` itself is untested here.
+
+Phases (contract 3): none. Both functions run in more than one standard phase (``Actor.forward`` scores the old
+log-probs, the reference model's and the training forward alike), so no phase range fits them;
+``apply(phases=True)``, the default of every integration, adds none here. Mark OpenRLHF's phases around its calls
+with ``rlkernel.phase``.
 """
 from __future__ import annotations
 
@@ -46,16 +51,17 @@ def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
 REPLACEMENTS = {"log_probs_from_logits": log_probs_from_logits, "compute_entropy": compute_entropy}
 
 
-def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
-    """Route OpenRLHF's ``log_probs_from_logits`` and ``compute_entropy`` through ``rlkernel.logp`` (process-wide).
-    Returns the Patch (``undo()``, or a context manager); a second call with the same options returns the active
-    one. Raises UnsupportedVersionError outside openrlhf >=0.11,<0.12."""
+def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = True) -> Patch:
+    """Route OpenRLHF's ``log_probs_from_logits`` and ``compute_entropy`` through ``rlkernel.logp`` (process-wide;
+    ``phases``: accepted, no range here). Returns the Patch (``undo()``, or a context manager); a second call with
+    the same options returns the active one. Raises UnsupportedVersionError outside openrlhf >=0.11,<0.12."""
     import openrlhf  # noqa: F401  (ImportError where it is not installed)
 
     check_version("openrlhf", "openrlhf", metadata.version("openrlhf"), MINIMUM, BELOW)
     utils = importlib.import_module("openrlhf.models.utils")
     options = {"backend": backend, "require_fused": bool(require_fused)}
-    existing = reuse(_state.get("patch"), "rlkernel.integrations.openrlhf", options)
+    recorded = {**options, "phases": bool(phases)}  # options: the rlkernel ops' keywords
+    existing = reuse(_state.get("patch"), "rlkernel.integrations.openrlhf", recorded)
     if existing is not None:
         return existing
     check_options(backend, require_fused)
@@ -66,5 +72,5 @@ def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
             targets += [(mod, name, REPLACEMENTS[name]) for name in NAMES
                         if vars(mod).get(name) is originals[name]]
     _state["options"] = options
-    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, options, on_undo=lambda: _state.clear())
+    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, recorded, on_undo=lambda: _state.clear())
     return _state["patch"]

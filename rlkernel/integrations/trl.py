@@ -15,17 +15,37 @@ Options of TRL's head, mapped:
 - back to TRL, with the reason recorded (``integrations.trl`` fallback): the extra outputs ``log_sum_sq_probs``,
   ``mean_logits``, ``is_top1``; ``final_logit_softcapping`` (Gemma 2/3); a ``logit_scale`` other than 1 (Cohere,
   Granite, ...); a DTensor or DeepSpeed ZeRO-3 head (the op's backward recomputes outside TRL's gather).
+
+Phases (``phases=True``, the default; contract 3): ``GRPOTrainer``'s own methods, replaced on the class (trainers
+built before or after ``apply``), open the standard ``rlkernel.phase`` ranges where TRL runs them:
+
+  step               TrainerCallback.on_step_begin / on_step_end (index: state.global_step at the step's start)
+  rollout            GRPOTrainer._generate (generation)
+  old_logprob        GRPOTrainer._get_per_token_logps_and_entropies of the policy without grad (num_iterations > 1)
+  reference_logprob  the same for the reference model (beta > 0)
+  policy_forward     the same with grad: the training forward, inside loss
+  loss               GRPOTrainer.compute_loss
+  backward           the trainer's Accelerator.backward
+  optimizer          TrainerCallback.on_pre_optimizer_step / on_optimizer_step
+  weight_sync        VLLMGeneration.sync_weights (TRL with vLLM)
+
+``GRPOTrainer.train`` adds the callback and wraps its accelerator's ``backward`` for the run, and takes both away
+when it returns (or raises, closing a step left open). ``head=False, phases=True``: the phases without the head.
 """
 from __future__ import annotations
+
+import functools
 
 import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head
-from rlkernel.integrations._patch import Patch, UnsupportedVersionError, check_options, check_version, reuse
+from rlkernel.integrations._patch import _MISSING, Patch, UnsupportedVersionError, check_options, check_version, reuse
 
 OP = "integrations.trl"
 MINIMUM, BELOW = (1, 16), (2, 0)
 SUPPORTED_OUTPUTS = ("log_probs", "entropy")
+PHASED_METHODS = ("_generate", "_get_per_token_logps_and_entropies", "compute_loss", "train")
+_state: dict = {}  # the active patch
 
 
 def fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs) -> str | None:
@@ -65,25 +85,139 @@ class RlkernelHead:
         return logp, ent, None, None, None
 
 
-def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
-    """Route TRL's fused LM head through ``rlkernel.linear_logp`` (process-wide, every trainer, models patched
-    before or after). Returns the Patch (``undo()``, or a context manager); a second call with the same options
-    returns the active one. Raises UnsupportedVersionError outside trl >=1.16,<2."""
+def _phased(name, fn):
+    mark = rlkernel.phase(name)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with mark:
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _phase_targets(trl) -> list:
+    """``(owner, attr, new)`` for GRPOTrainer's phases (the table in the module docstring)."""
+    import torch
+    import transformers
+
+    trainer_cls = trl.GRPOTrainer
+    missing = [m for m in PHASED_METHODS if not hasattr(trainer_cls, m)]
+    if missing:
+        raise UnsupportedVersionError(f"rlkernel.integrations.trl: trl {trl.__version__}'s GRPOTrainer has no "
+                                      f"{', '.join(missing)} (the methods of trl 1.16 the phases wrap)")
+    logps, train = trainer_cls._get_per_token_logps_and_entropies, trainer_cls.train
+    marks = {n: rlkernel.phase(n) for n in ("old_logprob", "reference_logprob", "policy_forward", "backward")}
+
+    @functools.wraps(logps)
+    def per_token_logps(self, model, *args, **kwargs):
+        if getattr(self, "ref_model", None) is not None and model is self.ref_model:
+            name = "reference_logprob"
+        else:  # the policy: the training forward has grad; the old log-probs of the rollout do not
+            name = "policy_forward" if torch.is_grad_enabled() else "old_logprob"
+        with marks[name]:
+            return logps(self, model, *args, **kwargs)
+
+    class Phases(transformers.TrainerCallback):
+        """The step and optimizer ranges, from the Trainer's callbacks (one per train() call)."""
+
+        optimizer = rlkernel.phase("optimizer")
+
+        def __init__(self):
+            self.step_open = self.optimizer_open = False
+
+        # Each hook checks what it opened: a marker must never stop a training run (a step whose begin the
+        # Trainer skipped is not closed; one left open is closed before the next).
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.close()
+            rlkernel.step_begin(state.global_step)
+            self.step_open = True
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            if not self.optimizer_open:
+                self.optimizer.__enter__()
+                self.optimizer_open = True
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            if self.optimizer_open:
+                self.optimizer_open = False
+                self.optimizer.__exit__(None, None, None)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.step_open:
+                self.step_open = False
+                rlkernel.step_end()
+
+        def close(self):  # also when train() raised inside a step: its ranges end there
+            self.on_optimizer_step(None, None, None)
+            self.on_step_end(None, None, None)
+
+    @functools.wraps(train)
+    def phased_train(self, *args, **kwargs):
+        callback, accelerator = Phases(), self.accelerator
+        previous = vars(accelerator).get("backward", _MISSING)
+        backward = accelerator.backward
+
+        def phased_backward(*a, **k):
+            with marks["backward"]:
+                return backward(*a, **k)
+
+        accelerator.backward = phased_backward
+        self.add_callback(callback)
+        try:
+            return train(self, *args, **kwargs)
+        finally:
+            callback.close()
+            self.remove_callback(callback)
+            if previous is _MISSING:
+                del accelerator.backward
+            else:
+                accelerator.backward = previous
+
+    targets = [(trainer_cls, "_generate", _phased("rollout", trainer_cls._generate)),
+               (trainer_cls, "_get_per_token_logps_and_entropies", per_token_logps),
+               (trainer_cls, "compute_loss", _phased("loss", trainer_cls.compute_loss)),
+               (trainer_cls, "train", phased_train)]
+    from trl.generation import vllm_generation  # imports without vllm: the class TRL builds when it uses vLLM
+
+    vllm = getattr(vllm_generation, "VLLMGeneration", None)
+    if vllm is not None and hasattr(vllm, "sync_weights"):
+        targets.append((vllm, "sync_weights", _phased("weight_sync", vllm.sync_weights)))
+    return targets
+
+
+def apply(*, backend: str = "auto", require_fused: bool = False, head: bool = True, phases: bool = True) -> Patch:
+    """Route TRL's fused LM head through ``rlkernel.linear_logp`` (``head``: process-wide, every trainer, models
+    patched before or after) and mark GRPOTrainer's phases (``phases``: the table in the module docstring).
+    Returns the Patch (``undo()``, or a context manager); a second call with the same options returns the active
+    one. Raises UnsupportedVersionError outside trl >=1.16,<2, ValueError when ``head`` and ``phases`` are both
+    off."""
     import trl
 
     check_version("trl", "trl", trl.__version__, MINIMUM, BELOW)
     from trl.trainer import utils as trl_utils
 
-    current = getattr(trl_utils, "_ChunkedLogProbFunction", None)
-    if current is None:
-        raise UnsupportedVersionError(f"rlkernel.integrations.trl: trl {trl.__version__} has no "
-                                      "trl.trainer.utils._ChunkedLogProbFunction (the fused LM head of trl 1.16)")
-    options = {"backend": backend, "require_fused": bool(require_fused)}
-    if isinstance(current, RlkernelHead):
-        existing = reuse(current.patch, "rlkernel.integrations.trl", options)
-        if existing is not None:
-            return existing
+    options = {"backend": backend, "require_fused": bool(require_fused), "head": bool(head),
+               "phases": bool(phases)}
+    existing = reuse(_state.get("patch"), "rlkernel.integrations.trl", options)
+    if existing is not None:
+        return existing
+    if not (head or phases):
+        raise ValueError("rlkernel.integrations.trl.apply: head=False and phases=False patch nothing")
     check_options(backend, require_fused)
-    head = RlkernelHead(current, backend, bool(require_fused))
-    head.patch = Patch("rlkernel.integrations.trl", [(trl_utils, "_ChunkedLogProbFunction", head)], options)
-    return head.patch
+    targets, rk_head = [], None
+    if head:
+        current = getattr(trl_utils, "_ChunkedLogProbFunction", None)
+        if current is None:
+            raise UnsupportedVersionError(f"rlkernel.integrations.trl: trl {trl.__version__} has no "
+                                          "trl.trainer.utils._ChunkedLogProbFunction (the fused LM head of trl "
+                                          "1.16)")
+        rk_head = RlkernelHead(current, backend, bool(require_fused))
+        targets.append((trl_utils, "_ChunkedLogProbFunction", rk_head))
+    if phases:
+        targets += _phase_targets(trl)
+    patch = Patch("rlkernel.integrations.trl", targets, options, on_undo=lambda: _state.clear())
+    if rk_head is not None:
+        rk_head.patch = patch
+    _state["patch"] = patch
+    return patch

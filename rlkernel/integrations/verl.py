@@ -14,6 +14,11 @@
   the entropy scoring a dummy id 0 alongside. Also the same names in every ``verl`` module already imported that
   bound them by name (its engines do); a module imported later binds the replacements. Patch before building the
   engine: it wraps ``entropy_from_logits`` in ``torch.compile`` when it is built.
+
+Phases (contract 3): none. Each patched function runs in more than one standard phase (the actor's old log-probs,
+the reference model's log-probs and the update's training forward all go through the same head), so no phase
+range fits it; ``apply(phases=True)``, the default of every integration, adds none here. Mark verl's phases around
+its calls with ``rlkernel.phase``.
 """
 from __future__ import annotations
 
@@ -77,15 +82,17 @@ REPLACEMENTS = {("verl.utils.kernel.linear_cross_entropy", "linear_cross_entropy
                 ("verl.utils.torch_functional", "entropy_from_logits"): entropy_from_logits}
 
 
-def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
+def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = True) -> Patch:
     """Route verl's ``linear_cross_entropy``, ``logprobs_from_logits`` and ``entropy_from_logits`` through rlkernel
-    (process-wide) as the module docstring says. Returns the Patch (``undo()``, or a context manager); a second
-    call with the same options returns the active one. Raises UnsupportedVersionError outside verl >=0.9,<0.10."""
+    (process-wide) as the module docstring says (``phases``: accepted, no range here). Returns the Patch
+    (``undo()``, or a context manager); a second call with the same options returns the active one. Raises
+    UnsupportedVersionError outside verl >=0.9,<0.10."""
     import verl
 
     check_version("verl", "verl", verl.__version__, MINIMUM, BELOW)
     options = {"backend": backend, "require_fused": bool(require_fused)}
-    existing = reuse(_state.get("patch"), "rlkernel.integrations.verl", options)
+    recorded = {**options, "phases": bool(phases)}  # options: the rlkernel ops' keywords
+    existing = reuse(_state.get("patch"), "rlkernel.integrations.verl", recorded)
     if existing is not None:
         return existing
     check_options(backend, require_fused)
@@ -99,5 +106,5 @@ def apply(*, backend: str = "auto", require_fused: bool = False) -> Patch:
             targets += [(mod, name, new) for (home, name), new in REPLACEMENTS.items()
                         if mod_name != home and vars(mod).get(name) is originals[name]]
     _state.update(options=options, **originals)
-    _state["patch"] = Patch("rlkernel.integrations.verl", targets, options, on_undo=lambda: _state.clear())
+    _state["patch"] = Patch("rlkernel.integrations.verl", targets, recorded, on_undo=lambda: _state.clear())
     return _state["patch"]
