@@ -15,6 +15,8 @@ import signal
 import subprocess
 import time
 
+from rlkernel.processes import alive  # noqa: F401  (procs.alive: the name callers use)
+
 GRACE_S = 10.0  # nsys finishes its report on SIGTERM; past this, SIGKILL
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -84,21 +86,6 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
-
-
-def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, ended but not yet reaped by its parent, counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 def _signal(pids: set[int], groups: set[int], sig: int) -> None:

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlkernel.processes import alive
+
 CACHE_ENV = "RLKERNEL_CACHE_DIR"
 # rlkernel._C's flags, the same for setup.py's in-tree build (which reads them from here) and the cache's.
 # -lineinfo: ncu maps its counters to source lines; it does not change the generated code.
@@ -314,21 +316,11 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(p: Paths) -> None:
     """Temporary folders of this key left by builders that are gone (called with the lock held)."""
     for tmp in p.root.glob(f".tmp-{p.entry.name}-*"):
         pid = tmp.name.rsplit("-", 2)[-2]
-        if not (pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid))):
+        if not (pid.isdigit() and int(pid) != os.getpid() and alive(int(pid))):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
