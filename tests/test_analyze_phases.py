@@ -268,10 +268,81 @@ def test_op_verdicts_and_the_rlkernel_logprob_paths_inside_phases():
     assert res.tables["steps"].empty and res.phase_view.headline == ""  # phases, but no step range
 
 
-def test_phases_with_ranks_is_a_usage_error(tmp_path, capsys):
-    assert analyze.main(["--ranks", str(DATA / "ranks"), "--out", str(tmp_path / "r"), "--phase", "x"]) == EXIT_USAGE
-    assert "--phase and --step-range are not read with --ranks yet" in capsys.readouterr().err
-    assert not (tmp_path / "r").exists()
+TORCHRUN = DATA / "capture_torchrun"
+
+
+@pytest.fixture(scope="module")
+def torchrun_ranks(tmp_path_factory):
+    """`analyze --ranks` on the committed torchrun capture (H200: one export, 2 processes): its report folder and
+    terminal output."""
+    if not (TORCHRUN / "trace.sqlite").is_file():
+        pytest.skip("no tests/data/capture_torchrun")
+    out = tmp_path_factory.mktemp("ranks") / "r"
+    proc = subprocess.run([sys.executable, "-m", "pipelines.analyze", "--ranks", str(TORCHRUN), "--out", str(out),
+                           "--jobs", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def test_per_rank_phases_add_up_to_nvidias_numbers_for_the_whole_export(torchrun_ranks):
+    """Each rank's phases.csv rows (a map step per process), summed over the ranks, equal nsys stats and the sync
+    rules on the whole export; every rank's steps are push/pop instances of it."""
+    out, _ = torchrun_ranks
+    phases, steps = pd.read_csv(out / "phases.csv"), pd.read_csv(out / "steps.csv")
+    assert sorted(set(phases["rank"])) == [0, 1] and list(steps.groupby("rank").size()) == [3, 3]
+    assert list(steps.columns[:2]) == ["rank", "step"] and list(steps["step"]) == [0, 1, 2, 0, 1, 2]
+    summed = phases.groupby("phase", sort=False).agg(
+        name=("name", "first"), instances=("instances", "sum"), total_ns=("total_ns", "sum"),
+        proj_total_ns=("proj_total_ns", "sum"), gpu_ops=("gpu_ops", "sum"), host_syncs=("host_syncs", "sum"),
+        longest_gaps=("longest_gaps", lambda g: "; ".join(g.dropna()) or None)).reset_index()
+    assert summed["host_syncs"].sum() > 0 and summed["gpu_ops"].sum() > 0
+    check_against_nvidia(TORCHRUN, type("Res", (), {"tables": {"phases": summed, "steps": steps}}))
+
+
+def test_the_cross_rank_phase_table_and_the_per_rank_headlines(torchrun_ranks):
+    out, stdout = torchrun_ranks
+    phases = pd.read_csv(out / "phases.csv")
+    cross = pd.read_csv(out / "phases_cross_rank.csv")
+    assert list(dict.fromkeys(cross["name"])) == list(dict.fromkeys(phases["name"]))  # phases.csv's order
+    assert len(cross) == 2 * cross["name"].nunique() and list(cross["rank"][:2]) == [0, 1]
+    mine = cross.merge(phases, on=["name", "rank"], suffixes=("", "_rank"))
+    assert (mine["total_ns"] == mine["total_ns_rank"]).all() and (mine["gpu_busy_ns"] ==
+                                                                  mine["gpu_busy_ns_rank"]).all()
+    for name, g in cross.groupby("name"):
+        slow = g.sort_values(["total_ns", "rank"], ascending=[False, True]).iloc[0]
+        assert (g["slowest_rank"] == slow["rank"]).all(), name
+        assert g["spread"].iloc[0] == round(g["total_ns"].max() / g["total_ns"].median(), 4), name
+        if g["gpu_busy_ns"].max() > 0:
+            assert g["busy_imbalance"].iloc[0] == round(g["gpu_busy_ns"].max() / g["gpu_busy_ns"].median(), 4)
+    lines = stdout.splitlines()
+    for rank in (0, 1):
+        (line,) = [ln for ln in lines if ln.startswith(f"  rank {rank}: GPU busy ")]
+        assert "(3 steps)" in line and "log-probs: rlkernel fused" in line
+    assert any(ln.startswith("  phase ") and "per rank in phases_cross_rank.csv" in ln for ln in lines)
+    html = (out / "report.html").read_text()
+    assert "RL phases across ranks" in html and "rank 1: GPU busy " in html
+
+
+def test_ranks_with_a_phase_or_step_range_no_rank_has_is_a_usage_error(tmp_path, capsys):
+    if not (TORCHRUN / "trace.sqlite").is_file():
+        pytest.skip("no tests/data/capture_torchrun")
+    for flag in ("--phase", "--step-range"):
+        out = tmp_path / flag.strip("-")
+        assert analyze.main(["--ranks", str(TORCHRUN), "--out", str(out), "--jobs", "1", flag, "rolout"]) == \
+            EXIT_USAGE
+        assert f"{flag} rolout: no such range in any rank; closest: " in capsys.readouterr().err
+        assert not out.exists()
+
+
+def test_ranks_with_phase_names_a_range_as_a_phase(tmp_path):
+    """--phase with --ranks: an op range named as a phase is one on every rank."""
+    if not (TORCHRUN / "trace.sqlite").is_file():
+        pytest.skip("no tests/data/capture_torchrun")
+    assert analyze.main(["--ranks", str(TORCHRUN), "--out", str(tmp_path / "r"), "--jobs", "1", "--phase",
+                         "op.sample"]) == EXIT_OK
+    phases = pd.read_csv(tmp_path / "r" / "phases.csv")
+    rows = phases[phases["phase"] == "rlkernel:op.sample"]
+    assert list(rows["rank"]) == [0, 1] and (rows["instances"] > 0).all()
 
 
 def test_the_trl_capture_names_trls_chunked_logprob_kernels():
