@@ -14,6 +14,8 @@
 //   row's partials are reduced in a fixed order, so a row's results depend neither on N nor on its position.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "rlkernel/error_record.cuh"
 #include "rlkernel/launch.cuh"
 #include "rlkernel/linear_logp_api.h"
@@ -358,6 +360,9 @@ const char* linear_logp_epilogue(const LinearEpilogueArgs& a) {
   if (a.n_rows >= (int64_t{1} << 31) || a.vocab >= (int64_t{1} << 31) || a.hidden_size % 8 != 0 ||
       a.hidden_stride % 8 != 0) {
     return "epilogue GEMM: shape outside the kernel (N, V < 2^31; H and the row stride multiples of 8)";
+  }
+  if ((reinterpret_cast<uintptr_t>(a.hidden) | reinterpret_cast<uintptr_t>(a.weight)) % 16 != 0) {
+    return "epilogue GEMM: hidden and weight must be 16-byte aligned (TMA)";
   }
   const char* err = nullptr;
   if (a.dtype == ElemType::kBFloat16) {
