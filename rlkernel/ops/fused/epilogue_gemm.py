@@ -69,6 +69,8 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     n, hsize = rows2d.shape
     if hsize == 0 or hsize % 8 or (n > 1 and rows2d.stride(0) % 8):
         return "hidden size or row stride not a multiple of 8 (TMA's 16-byte strides)"
+    if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+        return "weight or bias not contiguous"
     if rows2d.data_ptr() % 16 or weight.data_ptr() % 16:
         return "hidden or weight not 16-byte aligned (TMA)"
     if n >= 2 ** 31 or weight.shape[0] >= 2 ** 31:
