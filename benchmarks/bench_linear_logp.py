@@ -34,9 +34,10 @@ Each time is the median of --repeat runs, each timed by its own pair of CUDA eve
 are reset outside the events. TFLOP/s counts 2NHV per GEMM's worth of model work (forward 1, forward+backward 3).
 Peak extra memory: the allocator's peak during one run minus what was allocated before it, less the returned
 gradients (hidden and weight) and the outputs. RLKERNEL_VALIDATE=0 while timing is not needed: nothing here syncs.
---epilogue (off / on / both, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-* methods with the epilogue GEMM
-(issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; its rows are named METHOD+epi; "both" runs each method with
-either kernel); a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
+--epilogue (off / on / pingpong / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-* methods with
+the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``): "on" its cooperative config (rows
+METHOD+epi), "pingpong" its ping-pong config (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "both" the cuBLAS path and
+"on", "all" the three; a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
 throughput), beside the cuBLAS path's:
     ncu --kernel-name regex:'rlkernel_linear_logp_epilogue|nvjet|gemm|rlkernel_linear_logp_fold' --launch-skip 3 \
         --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
@@ -65,7 +66,7 @@ ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
 TEMPERATURE = 1.0  # --temperature sets it
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
-EPILOGUE_CHOICES = {"off": (False,), "on": (True,), "both": (False, True)}
+EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "both": (None, 0), "all": (None, 0, 1)}  # configs
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                      "native-fwdbwd")
 
@@ -331,16 +332,16 @@ def main(argv=None) -> int:
         for name, lname, epi in [(m, ln, e) for m in methods
                                  for ln in (logits_names if m in WITH_LOGITS_DTYPE
                                             else [args.dtype.replace("bfloat16", "bf16")])
-                                 for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (False,))]:
-                epilogue_gemm.ENABLED = epi
+                                 for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))]:
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epi is not None, epi or 0
                 epilogue_gemm.reset_records()
-                label = name + ("+epi" if epi else "")
+                label = name + {None: "", 0: "+epi", 1: "+epi-pp"}[epi]
                 run, prep, gemms, subtract, note = _method(name, case, LOGITS_DTYPES.get(lname))
                 shape_txt = f"{n}x{h}x{v}"
                 cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
                        f"--dtype {args.dtype} --repeat {args.repeat} --logits-dtype {lname} "
                        f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}"
-                       + (" --epilogue on" if epi else ""))
+                       + {None: "", 0: " --epilogue on", 1: " --epilogue pingpong"}[epi])
                 blank = dict(shape=shape_txt, method=label, logits_dtype=lname, ms="", x_matmul="", tflops="",
                              extra_gb="", logp_err="", entropy_err="")
                 if run is None:
@@ -375,10 +376,10 @@ def main(argv=None) -> int:
                 if lname == "float32" and (label, "bf16") in times and name in ("fwd", "fwdbwd"):
                     target = "1.15x" if name == "fwd" else "1.10x"
                     note = f"{ms / times[(label, 'bf16')]:.3f}x bf16 logits (target <= {target})"
-                if epi and (name, lname) in times:
+                if epi is not None and (name, lname) in times:
                     note = f"{ms / times[(name, lname)]:.3f}x the cuBLAS path; {note}"
                 missed = sorted({why for (kernel, why) in epilogue_gemm.records() if kernel == "cublas"})
-                if epi and missed:
+                if epi is not None and missed:
                     note = f"epilogue GEMM not taken: {'; '.join(missed)}; {note}"
                 if name == "liger" and note == "sum":
                     note = "reduction=sum (per-token output unsupported by this version)"
@@ -387,7 +388,7 @@ def main(argv=None) -> int:
                 rows.append(dict(blank, ms=f"{ms:.4f}", x_matmul=f"{ratio:.4f}", tflops=f"{tflops:.1f}",
                                  extra_gb=f"{extra / 1e9:.4f}", logp_err=fmt(e_lp), entropy_err=fmt(e_ent),
                                  note=note, command=cmd))
-        epilogue_gemm.ENABLED = False
+        epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = False, 0
         del case, exact
         torch.cuda.empty_cache()
     with open(out, "w", newline="") as f:

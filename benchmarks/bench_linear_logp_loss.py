@@ -11,7 +11,8 @@ Methods (each a row; the reproduction command is printed beside it):
 - ``loss-native``: the same call with ``backend="native"`` (chunked PyTorch);
 - ``loss-epi``, ``fwd-loss-epi`` / ``fwd-loss``: ``loss`` with the epilogue GEMM's forward (issue 37,
   ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; the backward recomputes the chunk's float32 logits), and the loss
-  without gradients (forward half only) with and without it;
+  without gradients (forward half only) with and without it; ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
+  config (``CONFIG = 1``, bf16);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).
 Median of --repeat runs, each timed by its own pair of CUDA events after --warmup runs; gradients reset to None
@@ -34,7 +35,8 @@ from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside t
 
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
-METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "fwd-loss", "fwd-loss-epi")
+METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "fwd-loss", "fwd-loss-epi", "loss-epi-pp",
+           "fwd-loss-epi-pp")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
 
 
@@ -86,11 +88,12 @@ def make_methods(n, h, v, dtype, args):
 
     out["matmul"] = (mm, mm_prep)
 
-    def loss(backend, epilogue=False, grad=True):
+    def loss(backend, epilogue=False, grad=True, config=0):
         from rlkernel.ops.fused import epilogue_gemm
 
         def run():
-            saved, epilogue_gemm.ENABLED = epilogue_gemm.ENABLED, epilogue
+            saved = epilogue_gemm.ENABLED, epilogue_gemm.CONFIG
+            epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epilogue, config
             try:
                 with torch.set_grad_enabled(grad):
                     out = rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature,
@@ -98,7 +101,7 @@ def make_methods(n, h, v, dtype, args):
                     if grad:
                         out.backward()
             finally:
-                epilogue_gemm.ENABLED = saved
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = saved
         return run, reset
 
     out["loss"] = loss("fused")
@@ -106,6 +109,8 @@ def make_methods(n, h, v, dtype, args):
     out["loss-epi"] = loss("fused", epilogue=True)
     out["fwd-loss"] = loss("fused", grad=False)
     out["fwd-loss-epi"] = loss("fused", epilogue=True, grad=False)
+    out["loss-epi-pp"] = loss("fused", epilogue=True, config=1)
+    out["fwd-loss-epi-pp"] = loss("fused", epilogue=True, grad=False, config=1)
 
     def liger():
         try:

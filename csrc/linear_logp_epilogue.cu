@@ -263,23 +263,34 @@ class SoftmaxPartialEpilogue {
   }
 };
 
-// One tile config: 128 x 256 x 64 (2 consumer warpgroups of 64 x 256, 128 accumulator registers per thread),
-// cluster 1 x 1 x 1 (a plain launch), stages by what shared memory holds.
-using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+// Two configs, cluster 1 x 1 x 1 (a plain launch), stages by what shared memory holds (128 accumulator registers
+// per thread in both):
+// 0 (cooperative): 128 x 256 x 64 tiles, 2 consumer warpgroups of 64 x 256 each; the epilogue stalls the tensor cores;
+// 1 (ping-pong, bf16 only): 128 x 128 x 64 tiles, one warpgroup per tile, the two alternating, so one's epilogue runs
+//   under the other's mainloop.
+struct Cooperative {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  static constexpr int kTileN = 256;
+};
+struct PingPong {
+  using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  static constexpr int kTileN = 128;
+};
 using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-constexpr int kTileN = 256;
 constexpr int kAlign = 8;  // 16 bytes of 16-bit elements: TMA's stride alignment
 
-template <typename T>
+template <typename T, class Config>
 struct Gemm {
   using TB = typename Cutlass<T>::type;
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<SoftmaxPartialEpilogue<T>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TB, cutlass::layout::RowMajor, kAlign, TB,
-      cutlass::layout::ColumnMajor, kAlign, float, TileShape, ClusterShape,
+      cutlass::layout::ColumnMajor, kAlign, float, typename Config::TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename SoftmaxPartialEpilogue<T>::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Config::Schedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue>;
 };
 
@@ -299,9 +310,9 @@ __global__ void __launch_bounds__(Kernel::MaxThreadsPerBlock, Kernel::MinBlocksP
 
 namespace {
 
-template <typename T>
+template <typename T, class Config>
 const char* launch_gemm(const LinearEpilogueArgs& a, cudaStream_t stream, int sm_count) {
-  using G = epilogue_gemm::Gemm<T>;
+  using G = epilogue_gemm::Gemm<T, Config>;
   using K = typename G::Kernel;
   using TB = typename G::TB;
   using StrideA = typename K::StrideA;
@@ -313,7 +324,7 @@ const char* launch_gemm(const LinearEpilogueArgs& a, cudaStream_t stream, int sm
   ep.bias = a.bias;
   ep.ids = reinterpret_cast<const long long*>(a.ids);
   ep.partial = reinterpret_cast<float4*>(a.partial);
-  ep.tiles = static_cast<int>(linear_logp_epilogue_tiles(a.vocab));
+  ep.tiles = static_cast<int>(linear_logp_epilogue_tiles(a.vocab, a.config));
   ep.c = launch::log2e_over(a.temperature);
   ep.entropy = a.entropy != nullptr;
   cutlass::KernelHardwareInfo hw;
@@ -339,16 +350,21 @@ const char* launch_gemm(const LinearEpilogueArgs& a, cudaStream_t stream, int sm
 }  // namespace
 #endif  // RLKERNEL_HAS_CUTLASS
 
-int64_t linear_logp_epilogue_tile_n() { return 256; }
+int64_t linear_logp_epilogue_tile_n(int config) { return config == 1 ? 128 : 256; }
 
-int64_t linear_logp_epilogue_tiles(int64_t vocab) { return (vocab + 255) / 256; }
+int64_t linear_logp_epilogue_tiles(int64_t vocab, int config) {
+  const int64_t n = linear_logp_epilogue_tile_n(config);
+  return (vocab + n - 1) / n;
+}
 
 bool linear_logp_epilogue_built() { return RLKERNEL_HAS_CUTLASS != 0; }
 
 const char* linear_logp_epilogue(const LinearEpilogueArgs& a) {
   if (a.n_rows == 0) return nullptr;
 #if RLKERNEL_HAS_CUTLASS
-  static_assert(epilogue_gemm::kTileN == 256, "linear_logp_epilogue_tile_n");
+  static_assert(epilogue_gemm::Cooperative::kTileN == 256 && epilogue_gemm::PingPong::kTileN == 128,
+                "linear_logp_epilogue_tile_n");
+  if (a.config != 0 && a.config != 1) return "epilogue GEMM: config must be 0 (cooperative) or 1 (ping-pong)";
   auto stream = static_cast<cudaStream_t>(a.stream);
   int major = 0, minor = 0, sms = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device) != cudaSuccess ||
@@ -366,17 +382,19 @@ const char* linear_logp_epilogue(const LinearEpilogueArgs& a) {
   }
   const char* err = nullptr;
   if (a.dtype == ElemType::kBFloat16) {
-    err = launch_gemm<__nv_bfloat16>(a, stream, sms);
+    err = a.config == 1 ? launch_gemm<__nv_bfloat16, epilogue_gemm::PingPong>(a, stream, sms)
+                        : launch_gemm<__nv_bfloat16, epilogue_gemm::Cooperative>(a, stream, sms);
   } else if (a.dtype == ElemType::kFloat16) {
-    err = launch_gemm<__half>(a, stream, sms);
+    if (a.config != 0) return "epilogue GEMM: the ping-pong config is built for bfloat16 only";
+    err = launch_gemm<__half, epilogue_gemm::Cooperative>(a, stream, sms);
   } else {
     return "epilogue GEMM: bfloat16 / float16 inputs only";
   }
   if (err) return err;
   EpilogueMergeParams p;
   p.partial = reinterpret_cast<const float4*>(a.partial);
-  p.tiles = static_cast<int>(linear_logp_epilogue_tiles(a.vocab));
-  p.tile_n = epilogue_gemm::kTileN;
+  p.tiles = static_cast<int>(linear_logp_epilogue_tiles(a.vocab, a.config));
+  p.tile_n = static_cast<int>(linear_logp_epilogue_tile_n(a.config));
   p.ids = reinterpret_cast<const long long*>(a.ids);
   p.n_rows = a.n_rows;
   p.vocab = a.vocab;

@@ -174,7 +174,8 @@ void pack(const Tensor& src, Tensor& dst) {
 // accumulator; partial: float32 scratch of at least n * linear_logp_epilogue_tiles(V) * 4 elements.
 void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
               Tensor& partial, Tensor& logp, Tensor& entropy, Tensor& stats, double temperature, int64_t ignore_index,
-              int64_t row0, int64_t error_record, int64_t error_seq) {
+              int64_t row0, int64_t error_record, int64_t error_seq, int64_t config) {
+  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
   TORCH_CHECK(hidden.is_cuda() && hidden.dim() == 2 && (hidden.size(1) <= 1 || hidden.stride(1) == 1), kOp,
               ": epilogue: hidden must be CUDA [N, H] with a contiguous last dim");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(1) &&
@@ -192,7 +193,7 @@ void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Te
   const bool with_entropy = entropy.numel() > 0;
   if (with_entropy) check_f32(entropy, n, hidden, "entropy");
   TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() && partial.device() == hidden.device() &&
-              partial.numel() >= n * rlkernel::linear_logp_epilogue_tiles(vocab) * 4, kOp,
+              partial.numel() >= n * rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config)) * 4, kOp,
               ": epilogue: partial too small");
   TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
   c10::DeviceGuard guard(hidden.device());
@@ -214,13 +215,17 @@ void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Te
   a.stats = stats.data_ptr<float>();
   a.row0 = row0;
   a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
+  a.config = static_cast<int>(config);
   a.device = hidden.device().index();
   a.stream = rlkernel::current_cuda_stream(hidden.device().index());
   const char* err = rlkernel::linear_logp_epilogue(a);
   TORCH_CHECK(err == nullptr, kOp, " epilogue: ", err);
 }
 
-int64_t epilogue_tiles(int64_t vocab) { return rlkernel::linear_logp_epilogue_tiles(vocab); }
+int64_t epilogue_tiles(int64_t vocab, int64_t config) {
+  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
+  return rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config));
+}
 
 bool epilogue_built() { return rlkernel::linear_logp_epilogue_built(); }
 
@@ -238,8 +243,8 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("linear_logp_bias_rows(Tensor bias, Tensor(a!) tile) -> ()");
   m.def("linear_logp_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor(a!) partial, "
         "Tensor(b!) logp, Tensor(c!) entropy, Tensor(d!) stats, float temperature, int ignore_index, int row0=0, "
-        "int error_record=0, int error_seq=0) -> ()");
-  m.def("linear_logp_epilogue_tiles(int vocab) -> int", &epilogue_tiles);
+        "int error_record=0, int error_seq=0, int config=0) -> ()");
+  m.def("linear_logp_epilogue_tiles(int vocab, int config=0) -> int", &epilogue_tiles);
   m.def("linear_logp_epilogue_built() -> bool", &epilogue_built);
 }
 

@@ -25,9 +25,10 @@ from rlkernel import dispatch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.fixture
-def epi(monkeypatch):
-    """The fused module with the epilogue GEMM switched on (its records reset); the switch restored after."""
+@pytest.fixture(params=[0, 1], ids=["cooperative", "pingpong"])
+def epi(request, monkeypatch):
+    """The fused module with the epilogue GEMM switched on in each config (its records reset; float16 runs config
+    0 either way); the switches restored after."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the epilogue GEMM needs a compute capability 9.0 GPU")
     from rlkernel import _ext
@@ -42,6 +43,7 @@ def epi(monkeypatch):
     from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
     monkeypatch.setattr(epilogue_gemm, "ENABLED", True)
+    monkeypatch.setattr(epilogue_gemm, "CONFIG", request.param)
     epilogue_gemm.reset_records()
     rlkernel.check_errors()
     yield linear_logp_fused
@@ -189,7 +191,9 @@ def test_forward_memory_is_the_partials_not_the_logits(epi):
     rlkernel.linear_logp(hidden, weight, ids, return_entropy=True, backend="fused")
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base_mem
-    partials = n * math.ceil(v / 256) * 16
+    from rlkernel.ops.fused import epilogue_gemm
+
+    partials = n * torch.ops.rlkernel.linear_logp_epilogue_tiles(v, epilogue_gemm.config_for(torch.bfloat16)) * 16
     assert extra <= partials + n * 64 + (2 << 20), (extra, partials)
     assert extra < n * v * 2 // 4  # a quarter of the bf16 logits
     took_epilogue()

@@ -24,6 +24,9 @@ ENABLED = False  # the lead flips this where it wins (docs/benchmarks.md)
 # each output element's K sum in the same order, and each row's partials merged in a fixed order: a row's results
 # depend neither on N nor on where it sits. False: batch-invariant calls keep the cuBLAS path.
 BATCH_INVARIANT = True
+# the kernel's config: 0 cooperative (128 x 256 tiles, 2 warpgroups per tile), 1 ping-pong (128 x 128 tiles, bfloat16
+# only: float16 runs 0), whose warpgroups alternate so one's epilogue hides under the other's mainloop
+CONFIG = 0
 PARTIAL_BYTES = 256 << 20  # the [rows, tiles] float4 partials of one launch
 _MIN_BLOCK = 128  # the GEMM's tile M
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -66,6 +69,8 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     n, hsize = rows2d.shape
     if hsize == 0 or hsize % 8 or (n > 1 and rows2d.stride(0) % 8):
         return "hidden size or row stride not a multiple of 8 (TMA's 16-byte strides)"
+    if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+        return "weight or bias not contiguous"
     if rows2d.data_ptr() % 16 or weight.data_ptr() % 16:
         return "hidden or weight not 16-byte aligned (TMA)"
     if n >= 2 ** 31 or weight.shape[0] >= 2 ** 31:
@@ -79,9 +84,13 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     return None
 
 
-def block_rows(n: int, vocab: int) -> int:
+def config_for(dtype: torch.dtype) -> int:
+    return CONFIG if dtype == torch.bfloat16 else 0
+
+
+def block_rows(n: int, vocab: int, config: int = 0) -> int:
     """Rows per launch: the partials of one launch within PARTIAL_BYTES, a multiple of the tile M."""
-    tiles = torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab)
+    tiles = torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab, config)
     rows = max(_MIN_BLOCK, PARTIAL_BYTES // (16 * tiles) // _MIN_BLOCK * _MIN_BLOCK)
     return max(1, min(n, rows))
 
@@ -97,12 +106,13 @@ def forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy
     stats = torch.empty(n, 2, **f32)
     if n == 0:
         return logp, entropy, stats
-    block = block_rows(n, vocab)
-    partial = torch.empty(block * torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab) * 4, **f32)
+    config = config_for(rows2d.dtype)
+    block = block_rows(n, vocab, config)
+    partial = torch.empty(block * torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab, config) * 4, **f32)
     for r0 in range(0, n, block):
         r1 = min(n, r0 + block)
         torch.ops.rlkernel.linear_logp_epilogue(
             rows2d[r0:r1], weight, bias, ids[r0:r1], partial, logp[r0:r1],
             entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], float(temperature), int(ignore_index),
-            row0 + r0, address, seq)
+            row0 + r0, address, seq, config)
     return logp, entropy, stats
