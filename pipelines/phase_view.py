@@ -97,6 +97,8 @@ def build(con, distinct: pd.DataFrame, phases: list[str] = (), step_range: str |
     con.execute("CREATE OR REPLACE TEMP TABLE phase_spec (range VARCHAR, name VARCHAR, is_step BOOLEAN)")
     con.executemany("INSERT INTO phase_spec VALUES (?, ?, ?)", [list(s) for s in specs])
     con.execute("CREATE OR REPLACE TEMP TABLE phase_inst AS " + sql.text("phase_instances"))
+    con.execute("CREATE OR REPLACE TEMP TABLE phase_ops AS " + sql.text("phase_ops"))
+    con.execute("CREATE OR REPLACE TEMP TABLE phase_kernel_ops AS " + sql.text("phase_kernel_ops"))
     con.execute("CREATE OR REPLACE TEMP TABLE logprob_globs (rank INTEGER, family VARCHAR, pat VARCHAR)")
     con.executemany("INSERT INTO logprob_globs VALUES (?, ?, ?)", [list(r) for r in op_kernels.logprob_rows()])
     steps = sql.frame(con, "steps")
