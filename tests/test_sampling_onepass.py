@@ -291,3 +291,12 @@ def test_compiles_without_graph_break():
     ids_c, lp_c = torch.compile(f, fullgraph=True)(x)
     ids, lp = f(x)
     assert torch.equal(ids_c, ids) and torch.equal(_bits(lp_c), _bits(lp))
+
+
+def test_opcheck():
+    # seeded: every run of the op draws the same ids, so opcheck's eager-vs-traced comparisons are exact
+    x = torch.randn(16, 5000, device="cuda")
+    t = torch.full((16,), 0.8, device="cuda")
+    for args in ((x, 0.8, 50, 0.9, None, 0, 0, 0.05, None, None, None, None, True, 7, None, 3, None),
+                 (x, 1.0, 0, 1.0, None, 0, 0, 0.0, t, None, None, None, True, 7, None, 3, None)):
+        torch.library.opcheck(torch.ops.rlkernel.sample_processed.default, args)

@@ -1,8 +1,8 @@
 // The exact law, on one row, by one block: p = softmax(s), s = logits / T; keep the top_k (ties: lower id);
 // keep the smallest prefix, in that order, whose mass reaches top_p; keep of those the tokens with
 // s >= s_max + ln(min_p); draw from the kept set by a Gumbel race (or, for the processed log-probs, sum its mass;
-// or both in one pass, for the sampler's own processed log-probs). Written over an element source (the whole row from global memory); the fast path's finish_sorted
-// (sampling_kernels.cuh) is the same law on sorted candidates.
+// or both in one pass, for the sampler's own processed log-probs). Written over an element source (the whole row
+// from global memory); the fast path's finish_sorted (sampling_kernels.cuh) is the same law on sorted candidates.
 #pragma once
 
 #include "rlkernel/sampling_radix.cuh"
