@@ -281,11 +281,14 @@ def test_bad_per_row_values_reach_the_error_record(argument, value, vocab):
 
 
 def test_compiles_without_graph_break():
+    from rlkernel.ops.fused.sampling import sample_fused
+
     x = torch.randn(8, 5000, device="cuda")
     kw = _kw(_mixed_settings(8, 5000, seed=8))
+    seeds = torch.arange(8, device="cuda") + 5
 
     def f(x):
-        return rlkernel.sample(x * 2.0, seed=5, offset=2, return_logprobs="processed", backend="fused", **kw)
+        return sample_fused(x * 2.0, seed=seeds, offset=2, return_logprobs="processed", **kw)
 
     torch._dynamo.reset()
     ids_c, lp_c = torch.compile(f, fullgraph=True)(x)
