@@ -45,7 +45,10 @@ def bad_arg_error(op: str, argument: str, row: int, value=None, note: str = "") 
     """The ValueError for a per-row setting out of range: the op, the argument, the row (counted flat) and the rule.
     The CPU check and the device error record (kind ERR_BAD_ARG, no value then) both raise it."""
     got = f" ({value})" if value is not None else ""
-    return ValueError(f"{op}: {argument} of row {row} is out of range{got}: must be {_RULES[argument]}{note}")
+    rule = _RULES[argument]
+    if argument == "temperature" and op.startswith("linear_logp"):  # the linear ops have no greedy T = 0 rows
+        rule = rule.replace(">= 0", "> 0")
+    return ValueError(f"{op}: {argument} of row {row} is out of range{got}: must be {rule}{note}")
 
 
 def no_distribution_error(row: int, note: str = "") -> ValueError:
@@ -326,6 +329,11 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
             raise TypeError(f"bias dtype {bias.dtype} must equal hidden dtype {hidden.dtype}")
         if bias.device != hidden.device:
             raise ValueError(f"hidden on {hidden.device} and bias on {bias.device}: must be on one device")
+    if token_ids is None:  # entropy / statistics without ids (rlkernel.ops.linear_options checks it is asked)
+        if not isinstance(temperature, torch.Tensor):
+            check_temperature(temperature, allow_zero=False)
+        _int64("ignore_index", ignore_index)
+        return
     _tensor("token_ids", token_ids, floating=False)
     _check_ids_dtype(token_ids)
     if token_ids.shape != hidden.shape[:-1]:
@@ -333,7 +341,8 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
                          f"{tuple(hidden.shape[:-1])} (hidden shape {tuple(hidden.shape)})")
     if token_ids.device != hidden.device:
         raise ValueError(f"hidden on {hidden.device} and token_ids on {token_ids.device}: must be on one device")
-    check_temperature(temperature, allow_zero=False)
+    if not isinstance(temperature, torch.Tensor):  # a per-row tensor: rlkernel.ops.linear_options checks it
+        check_temperature(temperature, allow_zero=False)
     ignore_index = _int64("ignore_index", ignore_index)
     if hidden.device.type == "cpu":  # no sync on CPU: raise at once, as rlkernel.logp does
         ids = token_ids.reshape(-1).long()

@@ -10,13 +10,15 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import blas
+from rlkernel.ops.linear_options import LinearLogpOutput, check_options, fallback_for
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
 OP = "linear_logp.forward"
 
 
-def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, *, bias=None,
-                temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False,
+def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor | None, *, bias=None,
+                temperature=1.0, ignore_index: int = -100, return_entropy: bool = False,
+                softcap: float | None = None, logit_scale: float = 1.0, outputs=(),
                 batch_invariant: bool = False, backend: str = "auto", require_fused: bool = False,
                 logits_dtype: torch.dtype | None = None):
     """``log_softmax((hidden @ weight.T + bias) / temperature)`` at ``token_ids``: float32, shape
@@ -33,23 +35,50 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     "fused" or "native", as for ``rlkernel.logp``. On CUDA nothing waits for the GPU: an id outside [0, V) gives
     NaN (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
     ``IndexError`` at once. See docs/contracts.md.
+
+    Options (TRL's fused head, ``trl.kernels.ChunkedLogProbFunction``, has the same): ``temperature`` a number or
+    a per-row tensor of shape ``hidden.shape[:-1]`` (or 0-dim); ``logit_scale`` and ``softcap`` transform the
+    logits before the temperature, ``z' = softcap * tanh(z * logit_scale / softcap) / T``, with their gradients;
+    ``token_ids=None`` with ``return_entropy=True``: the entropy alone; ``outputs``, names among "entropy",
+    "log_sum_sq_probs" (log sum softmax(z')^2), "mean_logit" (mean of z') and "is_top1" (argmax z' == id):
+    a ``LinearLogpOutput(logp, entropy, log_sum_sq_probs, mean_logit, is_top1)``, None for what is not asked, the
+    three statistics without gradient. These options run natively for now (a recorded fallback from the fused path).
     """
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
     logits32 = check_logits_dtype(logits_dtype)
-    check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
+    if token_ids is None and not return_entropy and not outputs:
+        raise ValueError("token_ids=None gives no log-probs: ask for the entropy (return_entropy=True) or outputs")
+    check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # it reads CPU ids
+    opts, names = None, ()
+    if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
+        opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype, batch_invariant)
+    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype)
+           or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype,
+                                                 batch_invariant)
            or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
-    kwargs = dict(bias=bias, temperature=float(temperature), ignore_index=int(ignore_index),
-                  return_entropy=bool(return_entropy), batch_invariant=batch_invariant, requested=backend,
-                  logits32=logits32)
-    if rec.status == "fused":
+    kwargs = dict(bias=bias, temperature=float(temperature) if opts is None else opts.temperature,
+                  ignore_index=int(ignore_index), return_entropy=bool(return_entropy) or "entropy" in names,
+                  batch_invariant=batch_invariant, requested=backend, logits32=logits32)
+    if rec.status == "fused":  # only calls whose options the kernels have get here (fallback_for)
         from rlkernel.ops.fused.linear_logp import linear_logp_fused
 
-        out, ent = linear_logp_fused(hidden, weight, token_ids, **kwargs)
+        res = linear_logp_fused(hidden, weight, token_ids, **kwargs) + (None, None, None)
     else:
         from rlkernel.ops.native.linear_logp import linear_logp_native
 
-        out, ent = linear_logp_native(hidden, weight, token_ids, fallback_reason=rec.reason, **kwargs)
-    return (out, ent) if return_entropy else out
+        res = linear_logp_native(hidden, weight, token_ids, fallback_reason=rec.reason, opts=opts, **kwargs)
+        res = tuple(res) + (None,) * (5 - len(res))
+    if outputs:
+        return LinearLogpOutput(*res)
+    if token_ids is None:
+        return res[1]
+    return (res[0], res[1]) if return_entropy else res[0]
+
+
+def _wants_options(temperature, softcap, logit_scale, outputs, token_ids) -> bool:
+    """Whether the call uses any option of rlkernel.ops.linear_options (else today's path, unchanged: a plain call
+    pays for none of their checks)."""
+    return (isinstance(temperature, torch.Tensor) or softcap is not None or outputs != ()
+            or not (type(logit_scale) is float and logit_scale == 1.0) or token_ids is None)

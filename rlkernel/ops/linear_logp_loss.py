@@ -20,6 +20,7 @@ import torch
 from rlkernel import dispatch
 from rlkernel.ops import blas, second_order
 from rlkernel.ops import linear_logp_loss_chunks as chunks
+from rlkernel.ops.linear_options import check_options, fallback_for
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
 OP = "linear_logp_loss"
@@ -38,6 +39,8 @@ def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_ind
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
                                    or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    if token_ids is None:  # linear_logp takes None (entropy alone); a loss needs the ids
+        raise TypeError("token_ids must be a torch.Tensor, got NoneType (linear_logp_loss needs the ids)")
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
 
 
@@ -88,7 +91,8 @@ class _PrecomputedGrads(torch.autograd.Function):
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
                      chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
-                     logits_dtype: torch.dtype | None = None):
+                     logits_dtype: torch.dtype | None = None, softcap: float | None = None,
+                     logit_scale: float = 1.0):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
@@ -111,14 +115,26 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
     entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
     ``IndexError`` at once. See docs/contracts.md.
+
+    ``temperature`` a number or a per-row tensor of shape ``hidden.shape[:-1]`` (or 0-dim), ``logit_scale`` and
+    ``softcap``: as for ``rlkernel.linear_logp`` (``z' = softcap * tanh(z * logit_scale / softcap) / T``, with
+    their gradients); these run natively for now (a recorded fallback from the fused path).
     """
     logits32 = check_logits_dtype(logits_dtype)
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
+    opts = None
+    if isinstance(temperature, torch.Tensor) or softcap is not None or not (type(logit_scale) is float
+                                                                            and logit_scale == 1.0):
+        opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
+    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype)
+           or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
            or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
-    spec = chunks.Spec(loss_fn=loss_fn, temperature=float(temperature), ignore_index=int(ignore_index),
+    scalar_t = opts.temperature if opts is not None and not opts.per_row else temperature
+    spec = chunks.Spec(loss_fn=loss_fn, opts=opts,
+                       temperature=1.0 if isinstance(scalar_t, torch.Tensor) else float(scalar_t),
+                       ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else
                        default_chunk(n, vocab, 4 if logits32 else hidden.element_size()), logits32=logits32)

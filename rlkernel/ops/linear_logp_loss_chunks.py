@@ -24,6 +24,7 @@ from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops.blas import float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
+from rlkernel.ops.linear_options import TEMPERATURE_CODE, Options
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.ops.rows import flat_ids
 
@@ -34,12 +35,16 @@ RANGE = "op.linear_logp_loss"
 @dataclasses.dataclass(frozen=True)
 class Spec:
     loss_fn: Callable
-    temperature: float
+    temperature: float  # the fused pass's (``opts`` None); the native pass takes opts.temperature
     ignore_index: int
     mean: bool
     ids_shape: torch.Size
     chunk: int
     logits32: bool = False
+    opts: Options | None = None  # per-row temperature, softcap, logit_scale (rlkernel.ops.linear_options): native only
+
+    def options(self) -> Options:
+        return self.opts if self.opts is not None else Options(self.temperature)
 
 
 def _prepare(hidden: torch.Tensor, token_ids: torch.Tensor):
@@ -171,9 +176,10 @@ def _chunk_logits(hc, wt, bias, logits, bias_mode):
         torch.addmm(bias, hc, wt, out=logits)
 
 
-def _native_logp(logits, safe, valid, bad, temperature, cdtype):
-    """Float32 (float64) log-probs and entropy of one chunk, differentiable; ignored rows 0, bad rows NaN."""
-    x = logits.to(cdtype) / temperature
+def _native_logp(logits, safe, valid, bad, opts: Options, s: int, e: int, cdtype):
+    """Float32 (float64) log-probs and entropy of rows s..e, differentiable (through the transform too); ignored
+    rows 0, bad rows NaN."""
+    x, _ = opts.apply(logits.to(cdtype), s, e)
     logp_all = torch.log_softmax(x, dim=-1)
     p = logp_all.exp()
     # p log p is 0 where p is 0; the where keeps -inf out of the product and of its gradient
@@ -193,13 +199,18 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                                                                          needs, cdtype, cdtype, True)
     n, vocab = h.shape[0], weight.shape[0]
     need_grad = need_h or need_w or need_b
-    bad = keep & ((ids < 0) | (ids >= vocab))
+    opts = spec.options()
+    bad_id = keep & ((ids < 0) | (ids >= vocab))
+    bad = bad_id if opts.faults is None else bad_id | (keep & opts.faults)
     valid = keep & ~bad
-    safe = torch.where(valid, ids, torch.zeros_like(ids))
-    if h.device.type == "cuda":  # CPU ids were checked before the call
+    safe = torch.where(valid & ~bad_id, ids, torch.zeros_like(ids))
+    if h.device.type == "cuda":  # CPU ids and temperatures were checked before the call
         address, seq, sync = errors.begin(OP, h.device, spec.ids_shape, vocab)
         with op_range(RANGE):
-            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad, ids)
+            if opts.faults is not None:  # any row, ignored or not, as the CPU check raises
+                errors.note_native(errors.ERR_BAD_ARG, seq, address, h.device, opts.faults,
+                                   torch.full_like(ids, TEMPERATURE_CODE))
+            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad_id, ids)
         errors.after_call(h.device, sync)
     # float32 logits: float32 leaves (one upcast copy of weight), so each chunk's gradients stay float32 until dW
     up = (lambda t: t.float()) if spec.logits32 else (lambda t: t)  # noqa: E731
@@ -212,7 +223,7 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         with op_range(RANGE), torch.enable_grad():
             hc = up(h[s:e].detach()).requires_grad_(need_h)
             logp, ent = _native_logp(torch.nn.functional.linear(hc, w, b), safe[s:e], valid[s:e], bad[s:e],
-                                     spec.temperature, cdtype)
+                                     opts, s, e, cdtype)
         loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
         total.add_(loss)
         if need_grad:

@@ -26,6 +26,7 @@ from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
+from rlkernel.ops.linear_options import TEMPERATURE_CODE, Options
 from rlkernel.ops.native.softmax import compute_dtype, entropy
 
 _CHUNK_BYTES = 1 << 27  # float32 logits per token chunk (128 MiB; a few such tensors live at once)
@@ -58,21 +59,23 @@ def _matmul(h, weight, bias, logits32, batch_invariant=False):
     return logits if bias is None else logits + bias.float()
 
 
-def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature, logits32=False):
-    """The chunk's logits / T in the compute dtype: the matmul in the inputs' dtype (float32 with logits32), then
-    upcast. With
+def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, opts, logits32=False):
+    """(the chunk's logits as the softmax sees them, the transform's derivative or None): the matmul in the inputs'
+    dtype (float32 with logits32), upcast to the compute dtype, then ``opts.apply`` (logit_scale, softcap, / T;
+    with the defaults just / T). With
     batch_invariant the chunk keeps ``rows`` rows (zero hidden states appended) and its rows are padded with -inf
     columns to a multiple of _BI_COL_ALIGN: every matmul and every row reduction after it sees one shape and one
     row alignment; callers keep the first r1 - r0 rows and V columns of what they compute."""
     if not batch_invariant:
-        return _matmul(hidden[r0:r1], weight, bias, logits32).to(cd) / temperature
+        return opts.apply(_matmul(hidden[r0:r1], weight, bias, logits32).to(cd), r0, r1)
     h = _pad(hidden[r0:r1], rows)
     with batch_invariant_blas(h.dtype, h.device):
         logits = _matmul(h, weight, bias, logits32, True)
     vocab = weight.shape[0]
     x = torch.full((rows, -(-vocab // _BI_COL_ALIGN) * _BI_COL_ALIGN), -math.inf, dtype=cd, device=h.device)
-    x[:, :vocab] = logits.to(cd) / temperature
-    return x
+    z, deriv = opts.apply(logits.to(cd), r0, r1, rows)
+    x[:, :vocab] = z
+    return x, deriv
 
 
 def _softmax_parts(x):
@@ -80,33 +83,56 @@ def _softmax_parts(x):
     return logp_all, logp_all.exp()
 
 
+def _extras(x, logp_all, vocab, safe_ids, names):
+    """The statistics of ``names`` for the chunk's rows (TRL's definitions, on z' = transform(z) / T): log sum p^2,
+    the mean of z' over the vocabulary, and whether the id is z''s first argmax."""
+    got = {}
+    if "log_sum_sq_probs" in names:
+        got["log_sum_sq_probs"] = torch.logsumexp(2.0 * logp_all, dim=-1)
+    if "mean_logit" in names:
+        got["mean_logit"] = x[:, :vocab].mean(-1)
+    if "is_top1" in names:
+        got["is_top1"] = x[:, :vocab].argmax(-1) == safe_ids
+    return got
+
+
 class _NativeLinearLogp(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, temperature, return_entropy, batch_invariant,
+    def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, opts, return_entropy, batch_invariant,
                 record, logits32):
         n, vocab = hidden.shape[0], weight.shape[0]
         cd = compute_dtype(hidden.dtype)
-        out = torch.zeros(n, dtype=cd, device=hidden.device)
-        ent = torch.zeros(n, dtype=cd, device=hidden.device) if return_entropy else None
+        dev = hidden.device
+        out = torch.zeros(n, dtype=cd, device=dev) if opts.has_ids else None
+        ent = torch.zeros(n, dtype=cd, device=dev) if return_entropy else None
+        extra = {name: torch.zeros(n, dtype=torch.bool if name == "is_top1" else cd, device=dev)
+                 for name in opts.extras}
         for r0, r1, rows in _chunks(n, vocab, batch_invariant):
-            x = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, temperature, logits32)
+            x, _ = _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, opts, logits32)
             logp_all, p = _softmax_parts(x)
             k = r1 - r0
-            out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
+            if out is not None:
+                out[r0:r1] = logp_all[:k].gather(-1, safe_ids[r0:r1].unsqueeze(-1)).squeeze(-1)
             if return_entropy:
                 ent[r0:r1] = entropy(p, logp_all)[:k]
-        zero, nan = torch.zeros((), dtype=cd, device=out.device), torch.full((), math.nan, dtype=cd, device=out.device)
-        out = torch.where(bad, nan, torch.where(valid, out, zero))
-        if return_entropy:
-            ent = torch.where(bad, nan, torch.where(valid, ent, zero))
+            for name, value in _extras(x[:k], logp_all[:k], vocab, safe_ids[r0:r1], opts.extras).items():
+                extra[name][r0:r1] = value
+        zero, nan = torch.zeros((), dtype=cd, device=dev), torch.full((), math.nan, dtype=cd, device=dev)
+        keep = lambda a: torch.where(bad, nan, torch.where(valid, a, zero))  # noqa: E731
+        out = keep(out) if out is not None else None
+        ent = keep(ent) if ent is not None else None
+        for name, value in extra.items():
+            extra[name] = (value & valid) if name == "is_top1" else keep(value)
+        stats = tuple(extra.get(name) for name in ("log_sum_sq_probs", "mean_logit", "is_top1"))
+        ctx.mark_non_differentiable(*(t for t in stats if t is not None))
         ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)
-        ctx.temperature, ctx.batch_invariant, ctx.record, ctx.logits32 = temperature, batch_invariant, record, logits32
+        ctx.opts, ctx.batch_invariant, ctx.record, ctx.logits32 = opts, batch_invariant, record, logits32
         ctx.set_materialize_grads(False)
-        return out, ent
+        return (out, ent) + stats
 
     @staticmethod
     @second_order.refused("linear_logp.backward")
-    def backward(ctx, grad_logp, grad_ent):
+    def backward(ctx, grad_logp, grad_ent, *_stats):
         hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record
         dispatch.record("linear_logp.backward", requested, "native", status, reason)
@@ -114,7 +140,7 @@ class _NativeLinearLogp(torch.autograd.Function):
         with op_range("op.linear_logp.backward"):
             n, vocab = hidden.shape[0], weight.shape[0]
             cd = compute_dtype(hidden.dtype)
-            t = ctx.temperature
+            opts = ctx.opts
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
             dw = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
@@ -122,7 +148,8 @@ class _NativeLinearLogp(torch.autograd.Function):
             if grad_logp is None and grad_ent is None:
                 n = 0  # nothing reaches the outputs: zero gradients
             for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
-                x = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, t, ctx.logits32)
+                x, deriv = _chunk_logits(hidden, weight, bias, r0, r1, rows, ctx.batch_invariant, cd, opts,
+                                         ctx.logits32)
                 m, k = x.shape[0], r1 - r0  # m = k, or the padded chunk (batch_invariant)
                 logp_all, p = _softmax_parts(x)
                 g = torch.zeros_like(x)
@@ -135,9 +162,12 @@ class _NativeLinearLogp(torch.autograd.Function):
                     # dH/dx_j = -p_j (log p_j + H); 0 where p_j = 0
                     g = g - _pad(grad_ent[r0:r1].to(cd), m).unsqueeze(-1) * torch.where(p > 0, p * (logp_all + ent),
                                                                                          0.0)
+                t = opts.rows_temperature(r0, r1, m)
                 g = torch.where(_pad(valid[r0:r1], m, False).unsqueeze(-1), g / t, 0.0)  # padding rows: 0
                 g = torch.where(_pad(bad[r0:r1], m, False).unsqueeze(-1), math.nan, g)  # a bad id: NaN gradients
                 g = g[:, :vocab]  # the logits' columns (batch_invariant padded them)
+                if deriv is not None:  # through softcap / logit_scale: d z' / d z = scale (1 - tanh^2)
+                    g = g * deriv
                 if need_h:
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
                         dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
@@ -153,28 +183,42 @@ class _NativeLinearLogp(torch.autograd.Function):
 
 def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
                        batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False,
-                       logits32=False):
+                       logits32=False, opts: Options | None = None):
     """Native log-probs of validated inputs: (logp, entropy or None), float32; ``keep_dtype`` keeps float64 for
-    float64 inputs (gradcheck). On CUDA a bad id gives NaN and goes to the device error record by tensor ops on
-    the stream (no host sync). The whole call runs inside ``op.linear_logp.forward``."""
+    float64 inputs (gradcheck). ``opts`` (rlkernel.ops.linear_options, checked): the per-row temperature, softcap,
+    logit_scale, extra statistics and token_ids=None; then the answer is (logp or None, entropy or None,
+    log_sum_sq_probs, mean_logit, is_top1), None for what is not asked. On CUDA a bad id or per-row temperature gives
+    NaN and goes to the device error record by tensor ops on the stream (no host sync). The whole call runs inside
+    ``op.linear_logp.forward``."""
+    full = opts is not None
+    opts = opts if full else Options(float(temperature))
     with op_range("op.linear_logp.forward"):
         lead, vocab = hidden.shape[:-1], weight.shape[0]
         rows = hidden.reshape(-1, hidden.shape[-1])
-        ids = token_ids.reshape(-1).long()
-        valid = ids != ignore_index
-        bad = valid & ((ids < 0) | (ids >= vocab))
+        if token_ids is not None:
+            ids = token_ids.reshape(-1).long()
+            valid = ids != ignore_index
+            bad_id = valid & ((ids < 0) | (ids >= vocab))
+        else:  # entropy / statistics alone: every row counts
+            ids = torch.zeros(rows.shape[0], dtype=torch.long, device=hidden.device)
+            valid = torch.ones_like(ids, dtype=torch.bool)
+            bad_id = torch.zeros_like(valid)
+        bad = bad_id if opts.faults is None else bad_id | (valid & opts.faults)
         valid = valid & ~bad
         safe = torch.where(valid, ids, torch.zeros_like(ids))
         status = "fallback" if fallback_reason else "native"
-        out, ent = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, float(temperature),
-                                           bool(return_entropy), bool(batch_invariant),
-                                           (requested, status, fallback_reason), bool(logits32))
+        res = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, opts, bool(return_entropy),
+                                      bool(batch_invariant), (requested, status, fallback_reason), bool(logits32))
         if hidden.device.type == "cuda":
-            address, seq, sync = errors.begin("linear_logp.forward", hidden.device, token_ids.shape, vocab)
-            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, hidden.device, bad, ids)
+            address, seq, sync = errors.begin("linear_logp.forward", hidden.device, lead, vocab)
+            if opts.faults is not None:  # on any row, ignored or not, as the CPU check raises
+                errors.note_native(errors.ERR_BAD_ARG, seq, address, hidden.device, opts.faults,
+                                   torch.full_like(ids, TEMPERATURE_CODE))
+            errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, hidden.device, bad_id, ids)
             errors.after_call(hidden.device, sync)
-        if not keep_dtype:
-            out = out.float()
-            ent = ent.float() if ent is not None else None
-        out = out.view(lead)
-        return out, (ent.view(lead) if ent is not None else None)
+        shaped = []
+        for t in res:
+            if t is not None and not keep_dtype and t.is_floating_point():
+                t = t.float()
+            shaped.append(t.view(lead) if t is not None else None)
+        return tuple(shaped) if full else tuple(shaped[:2])
