@@ -20,6 +20,16 @@ time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--met
   liger         Liger-Kernel's fused linear cross-entropy (per-token losses when its version allows, else a summed
                 loss), which computes its gradients in the forward: timed forward + backward;
   native-fwdbwd rlkernel's own native backend (chunked PyTorch; not in the default set).
+Issue 31's options (not in the default set; --methods all-options runs them all; each row notes its ratio to the
+plain fwd / fwdbwd row of the same run, the option's cost when used; "not used" is fwd / fwdbwd on this branch vs
+on the base commit):
+  opt-rowT-fwd, opt-rowT-fwdbwd       temperature as a per-row tensor (every row --temperature);
+  opt-softcap-fwd, opt-softcap-fwdbwd softcap=--softcap (30, Gemma's final_logit_softcapping);
+  opt-scale-fwd, opt-scale-fwdbwd     logit_scale=--logit-scale (0.0625, Cohere's);
+  opt-outputs-fwd                     outputs=(entropy, log_sum_sq_probs, mean_logit, is_top1), no grad;
+  opt-entropy-fwd                     token_ids=None, return_entropy=True: the entropy alone, no grad;
+  opt-all-fwdbwd                      per-row temperature + softcap + logit_scale + all outputs.
+  The error columns of these rows compare with float64 of the same transform (opt-entropy-fwd: entropy only).
 --logits-dtype (comma-separated, default "bf16"): "bf16" is the default contract (logits in the inputs' dtype,
 ``logits_dtype=None``), "float32" ``logits_dtype=torch.float32``; every method that has the choice runs once per
 value (rlkernel's methods; torch-* with float32 is PyTorch's float32 head, ``hidden.float() @ weight.float().T`` with
@@ -62,13 +72,16 @@ DEFAULT_SHAPES = [(16384, 4096, 128256), (4096, 4096, 128256), (32768, 4096, 128
                   (16384, 8192, 128256), (16384, 4096, 32000), (16384, 4096, 151936)]
 DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                    "liger"]
-ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
+OPTION_METHODS = ["opt-rowT-fwd", "opt-rowT-fwdbwd", "opt-softcap-fwd", "opt-softcap-fwdbwd", "opt-scale-fwd",
+                  "opt-scale-fwdbwd", "opt-outputs-fwd", "opt-entropy-fwd", "opt-all-fwdbwd"]
+ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"] + OPTION_METHODS
 TEMPERATURE = 1.0  # --temperature sets it
+SOFTCAP, LOGIT_SCALE = 30.0, 0.0625  # --softcap, --logit-scale set them
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
 EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "both": (None, 0), "all": (None, 0, 1)}  # configs
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
-                     "native-fwdbwd")
+                     "native-fwdbwd", *OPTION_METHODS)
 
 
 class Case:
@@ -90,15 +103,35 @@ class Case:
         self.weight.grad = None
 
 
-def exact_values(case, rows: int, temperature: float):
-    """float64 (logp, entropy) of the first ``rows`` tokens from the same 16-bit inputs (256 rows at a time)."""
+def option_kwargs(name: str, case) -> tuple[dict, tuple]:
+    """(linear_logp's option keywords of an opt-* method, the (scale, softcap) its exact values need)."""
+    kw = {}
+    if "rowT" in name or "all" in name:
+        kw["temperature"] = torch.full((case.n,), TEMPERATURE, device="cuda")
+    if "softcap" in name or "all" in name:
+        kw["softcap"] = SOFTCAP
+    if "scale" in name or "all" in name:
+        kw["logit_scale"] = LOGIT_SCALE
+    if "outputs" in name or "all" in name:
+        kw["outputs"] = ("entropy", "log_sum_sq_probs", "mean_logit", "is_top1")
+    return kw, (kw.get("logit_scale", 1.0), kw.get("softcap"))
+
+
+def exact_values(case, rows: int, temperature: float, transform=(1.0, None)):
+    """float64 (logp, entropy) of the first ``rows`` tokens from the same 16-bit inputs (256 rows at a time);
+    ``transform``: (logit_scale, softcap) applied before the temperature."""
+    scale, softcap = transform
     c = case
     w = c.weight.detach().double()
     lps, ents = [], []
     with torch.no_grad():
         for r0 in range(0, min(rows, c.n), 256):
             r1 = min(rows, c.n, r0 + 256)
-            lsm = torch.log_softmax(c.hidden[r0:r1].detach().double() @ w.t() / temperature, dim=-1)
+            z = c.hidden[r0:r1].detach().double() @ w.t() * scale
+            if softcap is not None:
+                z = softcap * torch.tanh(z / softcap)
+            lsm = torch.log_softmax(z / temperature, dim=-1)
+            del z
             lps.append(lsm.gather(-1, c.ids[r0:r1, None])[:, 0])
             ents.append(-(lsm.exp() * lsm).sum(-1))
             del lsm
@@ -113,9 +146,9 @@ def errors_vs_exact(out, exact, name):
             return None, None  # a summed loss: no per-token values
         lp, ent = -out, None  # its per-token loss is -logp
     else:
-        lp, ent = out if isinstance(out, tuple) else (out, None)
+        lp, ent = out[:2] if isinstance(out, tuple) else (out, None)
     rows = exact[0].shape[0]
-    e_lp = (lp.detach()[:rows].double() - exact[0]).abs().max().item()
+    e_lp = None if lp is None else (lp.detach()[:rows].double() - exact[0]).abs().max().item()
     e_ent = None if ent is None else (ent.detach()[:rows].double() - exact[1]).abs().max().item()
     return e_lp, e_ent
 
@@ -202,7 +235,34 @@ def _method(name, case, logits_dtype=None):
         return run, c.zero_grads, 3 if grad else 1, (c.grad_bytes if grad else 0) + 8 * c.n, None
     if name == "liger":
         return _liger(c)
+    if name in OPTION_METHODS:
+        return _option_method(name, c, logits_dtype)
     raise CliError(f"unknown method {name!r}")
+
+
+def _option_method(name, c, logits_dtype):
+    """An opt-* method: rlkernel.linear_logp with issue 31's options (backend "auto": the path the options take)."""
+    import rlkernel
+
+    kw, _ = option_kwargs(name, c)
+    kw.setdefault("temperature", TEMPERATURE)
+    if name == "opt-entropy-fwd":
+        def run():
+            with torch.no_grad():
+                return None, rlkernel.linear_logp(c.hidden, c.weight, None, return_entropy=True,
+                                                  logits_dtype=logits_dtype, **kw)
+        return run, lambda: None, 1, 4 * c.n, None
+    grad = name.endswith("fwdbwd")
+
+    def run():
+        with torch.set_grad_enabled(grad):
+            out = rlkernel.linear_logp(c.hidden, c.weight, c.ids, return_entropy=True, logits_dtype=logits_dtype,
+                                       **kw)
+            lp, ent = out[0], out[1]
+            if grad:
+                torch.autograd.backward([lp, ent], [c.gl, c.gh])
+            return lp.detach(), ent.detach()
+    return run, c.zero_grads, 3 if grad else 1, (c.grad_bytes if grad else 0) + 8 * c.n, None
 
 
 def _liger(c):
@@ -268,13 +328,15 @@ def main(argv=None) -> int:
     p = OneLineParser(description=__doc__, formatter_class=__import__("argparse").RawTextHelpFormatter)
     p.add_argument("--shapes", nargs="+", type=parse_nhv, default=None, help="NxHxV ... (default: the issue's shapes)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"comma-separated, of: {', '.join(ALL_METHODS)}")
+                   help=f"comma-separated, of: {', '.join(ALL_METHODS)}, all-options (fwd, fwdbwd and every opt-*)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeat", type=int, default=20, help="timed runs per method (median)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--logits-dtype", default="bf16",
                    help="comma-separated, of: bf16 (the default contract), float32 (logits_dtype=torch.float32)")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--softcap", type=float, default=30.0, help="the opt-*softcap* methods' softcap")
+    p.add_argument("--logit-scale", type=float, default=0.0625, help="the opt-*scale* methods' logit_scale")
     p.add_argument("--weight-scale", type=float, default=1.0, help="weight ~ N(0, S^2 / H): logits of std ~S")
     p.add_argument("--error-rows", type=int, default=1024, help="tokens compared with float64 (error columns)")
     p.add_argument("--out", default=None, help="CSV path (default reports/bench_linear_logp-<UTC time>.csv)")
@@ -284,6 +346,9 @@ def main(argv=None) -> int:
     try:
         args = p.parse_args(argv)
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        if "all-options" in methods:  # the plain rows first: the options' ratios refer to them
+            at = methods.index("all-options")
+            methods[at:at + 1] = [m for m in ["fwd", "fwdbwd", *OPTION_METHODS] if m not in methods]
         unknown = [m for m in methods if m not in ALL_METHODS]
         if unknown or not methods:
             raise CliError(f"--methods: unknown {unknown} (choose from {', '.join(ALL_METHODS)})")
@@ -295,6 +360,8 @@ def main(argv=None) -> int:
             raise CliError(f"--logits-dtype: unknown {bad} (choose from bf16, float32)")
         if not args.temperature > 0 or not args.weight_scale > 0 or args.error_rows < 1:
             raise CliError("--temperature and --weight-scale must be > 0, --error-rows >= 1")
+        if not args.softcap > 0 or not args.logit_scale > 0:
+            raise CliError("--softcap and --logit-scale must be > 0")
     except CliError as exc:
         print(f"bench_linear_logp: {exc}", file=sys.stderr)
         return 2
@@ -308,8 +375,8 @@ def main(argv=None) -> int:
         return 3
     from rlkernel.ops.fused import epilogue_gemm
 
-    global TEMPERATURE
-    TEMPERATURE = args.temperature
+    global TEMPERATURE, SOFTCAP, LOGIT_SCALE
+    TEMPERATURE, SOFTCAP, LOGIT_SCALE = args.temperature, args.softcap, args.logit_scale
     dtype = getattr(torch, args.dtype)
     shapes = args.shapes or DEFAULT_SHAPES
     if args.list_kernels:
@@ -326,7 +393,7 @@ def main(argv=None) -> int:
     fmt = lambda e: "-" if e is None else f"{e:.2e}"  # noqa: E731
     for n, h, v in shapes:
         case = Case(n, h, v, dtype, weight_scale=args.weight_scale)
-        exact = {TEMPERATURE: exact_values(case, args.error_rows, TEMPERATURE)}
+        exact = {(TEMPERATURE, (1.0, None)): exact_values(case, args.error_rows, TEMPERATURE)}
         t_mm = None
         times = {}
         for name, lname, epi in [(m, ln, e) for m in methods
@@ -354,9 +421,10 @@ def main(argv=None) -> int:
                     prep()
                     result = run.values() if hasattr(run, "values") else run()
                     t_ref = 1.0 if name == "liger" else TEMPERATURE
-                    if t_ref not in exact:
-                        exact[t_ref] = exact_values(case, args.error_rows, t_ref)
-                    e_lp, e_ent = errors_vs_exact(result, exact[t_ref], name)
+                    key = (t_ref, option_kwargs(name, case)[1] if name in OPTION_METHODS else (1.0, None))
+                    if key not in exact:
+                        exact[key] = exact_values(case, args.error_rows, *key)
+                    e_lp, e_ent = errors_vs_exact(result, exact[key], name)
                     del result
                 except torch.OutOfMemoryError:
                     case.zero_grads()
@@ -373,6 +441,9 @@ def main(argv=None) -> int:
                 note = {"fwd": "target <= 1.15x", "fwdbwd": "target <= 4.4x"}.get(name, note or "")
                 if name.startswith("bi-") and (label[3:], lname) in times:
                     note = f"{ms / times[(label[3:], lname)]:.3f}x default mode (target <= 1.10x)"
+                plain = "fwdbwd" if name.endswith("fwdbwd") else "fwd"  # the cuBLAS-path row (--epilogue off)
+                if name in OPTION_METHODS and (plain, lname) in times:
+                    note = f"{ms / times[(plain, lname)]:.3f}x {plain} (the option's cost when used)"
                 if lname == "float32" and (label, "bf16") in times and name in ("fwd", "fwdbwd"):
                     target = "1.15x" if name == "fwd" else "1.10x"
                     note = f"{ms / times[(label, 'bf16')]:.3f}x bf16 logits (target <= {target})"
