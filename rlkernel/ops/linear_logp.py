@@ -42,7 +42,8 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     ``token_ids=None`` with ``return_entropy=True``: the entropy alone; ``outputs``, names among "entropy",
     "log_sum_sq_probs" (log sum softmax(z')^2), "mean_logit" (mean of z') and "is_top1" (argmax z' == id):
     a ``LinearLogpOutput(logp, entropy, log_sum_sq_probs, mean_logit, is_top1)``, None for what is not asked, the
-    three statistics without gradient. These options run natively for now (a recorded fallback from the fused path).
+    three statistics without gradient. Fused: all but those three statistics (they run natively, a recorded
+    fallback); a softcap keeps float32 logits there (as ``logits_dtype=torch.float32``).
     """
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
@@ -54,7 +55,8 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
         opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype)
+    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype,
+                                             batch_invariant=batch_invariant)
            or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype,
                                                  batch_invariant)
            or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
@@ -64,7 +66,17 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     if rec.status == "fused":  # only calls whose options the kernels have get here (fallback_for)
         from rlkernel.ops.fused.linear_logp import linear_logp_fused
 
-        res = linear_logp_fused(hidden, weight, token_ids, **kwargs) + (None, None, None)
+        ids, rows_opt = token_ids, None
+        if opts is not None:  # the kernels' ids, temperature and per-row inputs, made before the op's range
+            from rlkernel.ops.fused.linear_logp_options import prepare
+
+            ids, kwargs["temperature"], rows_opt, capped = prepare(opts, hidden, token_ids, hidden.shape[:-1],
+                                                                   weight.shape[0])
+            kwargs["logits32"] = logits32 or (capped and hidden.dtype in blas.SIXTEEN_BIT)
+            if token_ids is None:  # prepare's ids are 0: no ignore_index may match them
+                kwargs["ignore_index"] = -1
+        lp, ent = linear_logp_fused(hidden, weight, ids, rows_opt=rows_opt, **kwargs)
+        res = (lp if token_ids is not None else None, ent, None, None, None)
     else:
         from rlkernel.ops.native.linear_logp import linear_logp_native
 

@@ -127,13 +127,13 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
                                                                             and logit_scale == 1.0):
         opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype)
+    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype, loss=True)
            or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
            or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
-    scalar_t = opts.temperature if opts is not None and not opts.per_row else temperature
-    spec = chunks.Spec(loss_fn=loss_fn, opts=opts,
-                       temperature=1.0 if isinstance(scalar_t, torch.Tensor) else float(scalar_t),
+    # the fused pass's number (a logit_scale folded in: z * scale / T = z / (T / scale)); the native one takes opts
+    fused_t = temperature if opts is None else 1.0 if opts.per_row else opts.temperature / opts.scale
+    spec = chunks.Spec(loss_fn=loss_fn, opts=opts, temperature=float(fused_t),
                        ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else

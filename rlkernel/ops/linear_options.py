@@ -5,8 +5,10 @@ the error record: no host sync) and applied to one chunk of logits by ``Options.
 
 The order is TRL's (``trl.kernels.chunked_logprob._transform``, TRL 1.16): ``z' = softcap * tanh(z * logit_scale /
 softcap) / T``, every statistic on z'. With the defaults ``apply`` is ``z / T``, today's arithmetic bit for bit.
-The fused kernels implement none of these options yet: ``fused_gap`` names the first one used, and such a call
-is a recorded fallback to the native path (``fallback``), or ``blocked`` where the fused path is demanded.
+The fused linear_logp kernels have all but the extra statistics (rlkernel.ops.fused.linear_logp_options); the fused
+linear_logp_loss only a logit_scale with a number temperature. ``fused_gap`` names the first option missing, and
+such a call is a recorded fallback to the native path (``fallback``), or ``blocked`` where the fused path is
+demanded.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from rlkernel import dispatch
+from rlkernel.ops import blas
 from rlkernel.validate import ARGUMENTS, _row_tensor, _temperature_rows, bad_arg_error, check_temperature
 
 OUTPUT_NAMES = ("entropy", "log_sum_sq_probs", "mean_logit", "is_top1")
@@ -56,16 +59,23 @@ class Options:
     def transformed(self) -> bool:
         return self.scale != 1.0 or self.softcap is not None
 
-    def fused_gap(self) -> str | None:
-        """Why the fused kernels cannot run this call (the first option they lack), None when they can."""
-        if self.per_row:
-            return "per-row temperature has no fused kernel yet"
-        if self.transformed:
-            return "softcap / logit_scale have no fused kernel yet"
+    def fused_gap(self, device: torch.device, dtype: torch.dtype, loss: bool = False,
+                  batch_invariant: bool = False) -> str | None:
+        """Why the fused kernels cannot run this call (the first option they lack), None when they can. linear_logp's
+        have all but the extra statistics (rlkernel.ops.fused.linear_logp_options); linear_logp_loss's (the logp
+        kernels) only a logit_scale with a number temperature (folded into it)."""
+        if not self.per_row and not _valid_temperature(self.temperature / self.scale):
+            return "temperature / logit_scale overflows float32 in the fused kernels"
+        if loss and self.per_row:
+            return "per-row temperature has no fused linear_logp_loss kernel yet"
+        if loss and self.softcap is not None:
+            return "softcap has no fused linear_logp_loss kernel yet"
         if self.extras:
             return f"outputs {', '.join(self.extras)} have no fused kernel yet"
-        if not self.has_ids:
-            return "entropy without token ids has no fused kernel yet"
+        if self.softcap is not None and dtype in blas.SIXTEEN_BIT:
+            reason, _ = blas.float32_output_gemm(device, dtype, batch_invariant)  # softcapped tiles are float32
+            if reason is not None:
+                return f"softcap needs float32 logits: {reason}"
         return None
 
     def rows_temperature(self, r0: int, r1: int, rows: int | None = None):
@@ -90,6 +100,14 @@ class Options:
             z = self.softcap * t
             deriv = (1.0 - t * t) * self.scale
         return z / self.rows_temperature(r0, r1, rows), deriv
+
+
+def _valid_temperature(t: float) -> bool:
+    try:
+        check_temperature(t, allow_zero=False)
+    except ValueError:
+        return False
+    return True
 
 
 def _finite_real(name: str, value) -> float:
@@ -160,17 +178,20 @@ def check_options(hidden: torch.Tensor, temperature, softcap, logit_scale, outpu
 
 
 def fallback_for(op: str, opts: Options, backend: str, require_fused: bool, device: torch.device,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, loss: bool = False, batch_invariant: bool = False):
     """The dispatch record of a call whose fused path would lack a kernel for its options: ``fallback`` to native
     with that reason (``blocked`` and FusedKernelUnavailable where the fused path is demanded); None when nothing
     is missing or the fused path is out of the question anyway (the caller then resolves as usual)."""
-    gap = opts.fused_gap()
-    if gap is None or backend == "native" or device.type != "cuda":
+    if backend == "native" or device.type != "cuda":
         return None
-    if torch.compiler.is_compiling():  # the traced decision: native, as eager would run it
+    compiling = torch.compiler.is_compiling()
+    if not compiling and dispatch.fused_unavailable_reason(op, device, dtype) is not None:
+        return None  # no fused path for this call anyway: its own reason
+    gap = opts.fused_gap(device, dtype, loss, batch_invariant)
+    if gap is None:
+        return None
+    if compiling:  # the traced decision: native, as eager would run it
         return dispatch.resolve(op, "native", False, device, dtype)
-    if dispatch.fused_unavailable_reason(op, device, dtype) is not None:
-        return None
     if backend == "fused" or require_fused or dispatch.strict_from_env():
         dispatch.record(op, backend, "none", "blocked", gap)
         raise dispatch.FusedKernelUnavailable(f"{op}: fused path required but unavailable: {gap}")

@@ -37,6 +37,7 @@ from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
+from rlkernel.ops.fused import linear_logp_options as fused_options
 from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
@@ -171,9 +172,9 @@ def _tile_setup(rows2d, batch_invariant, logits32):
 
 
 def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-             logits32=False, epilogue=False):
+             logits32=False, epilogue=False, rows_opt=None):
     """(logp, entropy, stats); ``epilogue``: by the epilogue GEMM (``epilogue_gemm.reason`` said yes), else by cuBLAS
-    tiles and the fold kernel."""
+    tiles and the fold kernel (``rows_opt``: the option kernels' fold, rlkernel.ops.fused.linear_logp_options)."""
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev = rows2d.device
@@ -202,16 +203,21 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
             for c0, c1 in _chunks(vocab, cols):
                 tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
                 _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
-                torch.ops.rlkernel.linear_logp_fold(
-                    tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1],
-                    entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab, temperature, ignore_index,
-                    c0 == 0, c1 == vocab, r0, address, seq)
+                if rows_opt is None:
+                    torch.ops.rlkernel.linear_logp_fold(
+                        tile[:rows], ids[r0:r1], state[: 4 * rows], logp[r0:r1],
+                        entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab, temperature,
+                        ignore_index, c0 == 0, c1 == vocab, r0, address, seq)
+                else:
+                    fused_options.fold(rows_opt, tile[:rows], ids[r0:r1], r0, r1, state[: 4 * rows], logp[r0:r1],
+                                       entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab,
+                                       ignore_index, c0 == 0, c1 == vocab, address, seq)
     errors.after_call(dev, sync)
     return logp, entropy, stats
 
 
 def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy, temperature, ignore_index,
-              batch_invariant, need_h, need_w, need_b, logits32=False):
+              batch_invariant, need_h, need_w, need_b, logits32=False, rows_opt=None):
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev, dtype = rows2d.device, rows2d.dtype
@@ -244,10 +250,16 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
         for c0, c1 in _chunks(vocab, cols):
             tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
             _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
-            torch.ops.rlkernel.linear_logp_grad_tile(
-                tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
-                None if grad_entropy is None else grad_entropy[r0:r1], entropy[r0:r1] if entropy.numel() else entropy,
-                c0, vocab, temperature, ignore_index)
+            if rows_opt is None:
+                torch.ops.rlkernel.linear_logp_grad_tile(
+                    tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
+                    None if grad_entropy is None else grad_entropy[r0:r1],
+                    entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, temperature, ignore_index)
+            else:
+                fused_options.grad(rows_opt, tile, rows, ids[r0:r1], r0, r1, stats[r0:r1],
+                                   None if grad_logp is None else grad_logp[r0:r1],
+                                   None if grad_entropy is None else grad_entropy[r0:r1],
+                                   entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, ignore_index)
             if need_b:  # from the float32 tile with float32 logits
                 torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
             g = tile
@@ -273,13 +285,13 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
 class _FusedLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-                logits32, epilogue, requested):
+                logits32, epilogue, rows_opt, requested):
         logp, entropy, stats = _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy,
-                                        batch_invariant, shape, logits32, epilogue)
+                                        batch_invariant, shape, logits32, epilogue, rows_opt)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
         # after the epilogue GEMM (float32 logits) the backward's softmax is that of float32 logits too
-        ctx.requested, ctx.logits32 = requested, logits32 or epilogue
+        ctx.requested, ctx.logits32, ctx.rows_opt = requested, logits32 or epilogue, rows_opt
         ctx.set_materialize_grads(False)
         return logp, (entropy if return_entropy else None)
 
@@ -289,7 +301,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        none = (None,) * 9
+        none = (None,) * 10
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
@@ -299,14 +311,15 @@ class _FusedLinearLogp(torch.autograd.Function):
             dh, dw, db = _backward(
                 rows2d, weight, bias, ids, stats, entropy, row_grad(grad_logp), row_grad(grad_entropy),
                 ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None,
-                ctx.logits32)
+                ctx.logits32, ctx.rows_opt)
         return (dh, dw, db) + none
 
 
 def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
-                      batch_invariant=False, requested="auto", logits32=False):
+                      batch_invariant=False, requested="auto", logits32=False, rows_opt=None):
     """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
-    No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``)."""
+    No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``). ``rows_opt``: a per-row
+    temperature and the softcap (``rlkernel.ops.fused.linear_logp_options.RowsOptions``), else None."""
     _ext.load()  # raises rlkernel._ext.ExtensionNotBuilt; the ops' schemas and impls are all C++: nothing to register
     with op_range("op.linear_logp.forward"):
         lead = hidden.shape[:-1]
@@ -316,11 +329,12 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
         bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (hidden, weight, bias))
-        why = (epilogue_gemm.reason(rows2d, weight_c, bias_c, bool(batch_invariant), wants_grad) if ids.numel()
-               else "n = 0")
+        why = ("n = 0" if not ids.numel() else "per-row temperature / softcap (the option kernels)"
+               if rows_opt is not None else
+               epilogue_gemm.reason(rows2d, weight_c, bias_c, bool(batch_invariant), wants_grad))
         epilogue_gemm.record("cublas" if why else "epilogue", why or "")
         args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
-                bool(batch_invariant), token_ids.shape, bool(logits32), why is None)
+                bool(batch_invariant), token_ids.shape, bool(logits32), why is None, rows_opt)
         if wants_grad:
             logp, entropy = _FusedLinearLogp.apply(*args, requested)
         else:

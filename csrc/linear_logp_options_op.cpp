@@ -1,0 +1,144 @@
+// Registration of rlkernel.linear_logp's option ops (a per-row temperature, the softcap): schemas, thin tensor
+// checks, calls into csrc/linear_logp_options.cu. torch/library.h-level headers only (the CI compile gate builds
+// this with the CPU wheel). The GEMMs, the workspace and autograd live in Python (rlkernel/ops/fused/linear_logp.py).
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "rlkernel/linear_logp_options_api.h"
+#include "torch_elem_type.h"
+
+namespace {
+
+using at::Tensor;
+
+constexpr const char* kOp = "rlkernel linear_logp";
+
+void check_tile(const Tensor& tile) {
+  TORCH_CHECK(tile.is_cuda(), kOp, ": the tile must be a CUDA tensor");
+  TORCH_CHECK(tile.dim() == 2 && (tile.size(1) <= 1 || tile.stride(1) == 1),
+              kOp, ": the tile must be [rows, cols] with a contiguous last dim");
+  TORCH_CHECK(tile.size(0) < (int64_t{1} << 31) && tile.size(1) < (int64_t{1} << 31), kOp, ": tile too large");
+}
+
+void check_f32(const Tensor& t, int64_t numel, const Tensor& like, const char* what) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == numel && t.device() == like.device(),
+              kOp, ": ", what, " must be contiguous float32 with ", numel, " elements on the tile's device");
+}
+
+void check_ids(const Tensor& ids, int64_t n, const Tensor& like) {
+  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == n &&
+              ids.device() == like.device(), kOp, ": token_ids must be contiguous int64 [", n, "]");
+}
+
+const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tensor& like, int64_t* stride) {
+  *stride = 0;
+  if (!g.has_value()) return nullptr;
+  TORCH_CHECK(g->scalar_type() == at::kFloat && g->dim() == 1 && g->size(0) == n && g->device() == like.device(),
+              kOp, ": row gradients must be float32 [N] on the tile's device");
+  *stride = g->stride(0);
+  return g->data_ptr<float>();
+}
+
+template <class Args>
+void fill_tile(Args& a, const Tensor& tile, const Tensor& ids, int64_t n, int64_t col0, int64_t vocab,
+               int64_t ignore_index) {
+  a.tile = tile.data_ptr();
+  a.row_stride = tile.stride(0);
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.cols = tile.size(1);
+  a.col0 = col0;
+  a.vocab = vocab;
+  a.dtype = rlkernel::elem_type_of(tile, kOp);
+  a.temperature = 1.0;  // per row
+  a.ignore_index = ignore_index;
+  a.stream = rlkernel::current_cuda_stream(tile.device().index());
+}
+
+// linear_logp_fold with each row's temperature from row_t (float32 [n]; NaN: a bad row).
+void fold_rows(const Tensor& tile, const Tensor& ids, const Tensor& row_t, Tensor& state, Tensor& logp,
+               Tensor& entropy, Tensor& stats, int64_t col0, int64_t vocab, int64_t ignore_index, bool first,
+               bool last, int64_t row0, int64_t error_record, int64_t error_seq) {
+  check_tile(tile);
+  const int64_t n = tile.size(0);
+  check_ids(ids, n, tile);
+  check_f32(row_t, n, tile, "row_t");
+  check_f32(state, 4 * n, tile, "state");
+  check_f32(logp, n, tile, "logp");
+  check_f32(stats, 2 * n, tile, "stats");
+  const bool with_entropy = entropy.numel() > 0;
+  if (with_entropy) check_f32(entropy, n, tile, "entropy");
+  TORCH_CHECK(col0 >= 0 && col0 + tile.size(1) <= vocab, kOp, ": chunk outside the vocabulary");
+  c10::DeviceGuard guard(tile.device());
+  rlkernel::LinearFoldArgs a{};
+  fill_tile(a, tile, ids, n, col0, vocab, ignore_index);
+  a.state = state.data_ptr<float>();
+  a.first = first;
+  a.last = last;
+  a.logp = logp.data_ptr<float>();
+  a.entropy = with_entropy ? entropy.data_ptr<float>() : nullptr;
+  a.stats = stats.data_ptr<float>();
+  a.row0 = row0;
+  a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
+  const char* err = rlkernel::linear_logp_fold_rows(a, row_t.data_ptr<float>());
+  TORCH_CHECK(err == nullptr, kOp, " fold_rows: ", err);
+}
+
+// linear_logp_grad_tile with row_t, and softcap > 0: the tile holds softcapped (float32) logits.
+void grad_rows(Tensor& tile, const Tensor& ids, const Tensor& row_t, const Tensor& stats,
+               const std::optional<Tensor>& grad_logp, const std::optional<Tensor>& grad_entropy,
+               const Tensor& entropy, int64_t col0, int64_t vocab, int64_t ignore_index, double softcap,
+               double logit_scale) {
+  check_tile(tile);
+  const int64_t n = ids.numel();
+  TORCH_CHECK(n <= tile.size(0), kOp, ": more ids than tile rows");
+  check_ids(ids, n, tile);
+  check_f32(row_t, n, tile, "row_t");
+  check_f32(stats, 2 * n, tile, "stats");
+  TORCH_CHECK(softcap <= 0.0 || tile.scalar_type() == at::kFloat, kOp, ": a softcapped tile must be float32");
+  c10::DeviceGuard guard(tile.device());
+  rlkernel::LinearGradArgs a{};
+  fill_tile(a, tile, ids, n, col0, vocab, ignore_index);
+  a.tile_rows = tile.size(0);
+  a.grad_logp = optional_rows(grad_logp, n, tile, &a.grad_logp_stride);
+  a.grad_entropy = optional_rows(grad_entropy, n, tile, &a.grad_entropy_stride);
+  if (a.grad_entropy != nullptr) {
+    check_f32(entropy, n, tile, "entropy");
+    a.entropy = entropy.data_ptr<float>();
+  }
+  a.stats = stats.data_ptr<float>();
+  const char* err = rlkernel::linear_logp_grad_rows(a, row_t.data_ptr<float>(), softcap, logit_scale);
+  TORCH_CHECK(err == nullptr, kOp, " grad_rows: ", err);
+}
+
+// tile := softcap tanh(logit_scale tile / softcap), in place.
+void softcap_tile(Tensor& tile, double softcap, double logit_scale) {
+  check_tile(tile);
+  TORCH_CHECK(softcap > 0.0, kOp, ": softcap must be > 0");
+  c10::DeviceGuard guard(tile.device());
+  const char* err = rlkernel::linear_logp_softcap(tile.data_ptr(), tile.stride(0), tile.size(0), tile.size(1),
+                                                  rlkernel::elem_type_of(tile, kOp), softcap, logit_scale,
+                                                  rlkernel::current_cuda_stream(tile.device().index()));
+  TORCH_CHECK(err == nullptr, kOp, " softcap: ", err);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
+  m.def("linear_logp_fold_rows(Tensor tile, Tensor token_ids, Tensor row_t, Tensor(a!) state, Tensor(b!) logp, "
+        "Tensor(c!) entropy, Tensor(d!) stats, int col0, int vocab, int ignore_index, bool first, bool last, "
+        "int row0=0, int error_record=0, int error_seq=0) -> ()");
+  m.def("linear_logp_grad_rows(Tensor(a!) tile, Tensor token_ids, Tensor row_t, Tensor stats, Tensor? grad_logp, "
+        "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, int ignore_index, float softcap, "
+        "float logit_scale) -> ()");
+  m.def("linear_logp_softcap(Tensor(a!) tile, float softcap, float logit_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
+  m.impl("linear_logp_fold_rows", &fold_rows);
+  m.impl("linear_logp_grad_rows", &grad_rows);
+  m.impl("linear_logp_softcap", &softcap_tile);
+}
