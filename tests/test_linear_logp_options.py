@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from integration_support import required
 
 import rlkernel
 from rlkernel import dispatch
@@ -284,8 +285,13 @@ def test_dispatch_on_cpu_is_the_usual_fallback():
 # ---- TRL 1.16's fused head, where it imports (the tox env `trl` has it) ----
 
 def _trl():
-    mod = pytest.importorskip("trl.kernels.chunked_logprob", reason="trl (1.16) not installed")
-    if not hasattr(mod, "ChunkedLogProbFunction"):
+    """trl.kernels.chunked_logprob: skipped where trl is absent, a failure in the tox env `trl`
+    (RLKERNEL_REQUIRE_INTEGRATIONS=trl, tests/integration_support.py)."""
+    if required("trl"):
+        import trl.kernels.chunked_logprob as mod
+    else:
+        mod = pytest.importorskip("trl.kernels.chunked_logprob", reason="trl (1.16) not installed")
+    if not hasattr(mod, "ChunkedLogProbFunction") and not required("trl"):
         pytest.skip("this trl has no ChunkedLogProbFunction")
     return mod
 
