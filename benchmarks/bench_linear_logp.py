@@ -328,7 +328,7 @@ def main(argv=None) -> int:
     p = OneLineParser(description=__doc__, formatter_class=__import__("argparse").RawTextHelpFormatter)
     p.add_argument("--shapes", nargs="+", type=parse_nhv, default=None, help="NxHxV ... (default: the issue's shapes)")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
-                   help=f"comma-separated, of: {', '.join(ALL_METHODS)}, all-options (fwd, fwdbwd and every opt-*)")
+                   help=f"comma-separated, of: {', '.join(ALL_METHODS)}, all-options (matmul, fwd, fwdbwd, opt-*)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeat", type=int, default=20, help="timed runs per method (median)")
     p.add_argument("--warmup", type=int, default=3)
@@ -348,7 +348,7 @@ def main(argv=None) -> int:
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
         if "all-options" in methods:  # the plain rows first: the options' ratios refer to them
             at = methods.index("all-options")
-            methods[at:at + 1] = [m for m in ["fwd", "fwdbwd", *OPTION_METHODS] if m not in methods]
+            methods[at:at + 1] = [m for m in ["matmul", "fwd", "fwdbwd", *OPTION_METHODS] if m not in methods]
         unknown = [m for m in methods if m not in ALL_METHODS]
         if unknown or not methods:
             raise CliError(f"--methods: unknown {unknown} (choose from {', '.join(ALL_METHODS)})")
