@@ -331,3 +331,41 @@ def test_matches_trl_chunked_logprob(softcap, scale, temperature):
     assert torch.equal(ours.is_top1, t_top) and bool(t_top[0])
     for name, a, b in zip(("hidden", "weight", "bias"), grads, t_grads, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_which_options_the_fused_kernels_have():
+    """Options.fused_gap: linear_logp's fused kernels have all but the three statistics; the loss's only a logit_scale
+    with a number T (float32 inputs here: no float32-output GEMM question, so no CUDA is needed)."""
+    from rlkernel.ops.linear_options import Options
+
+    cuda, f32 = torch.device("cuda"), torch.float32
+    rows = torch.ones(4)
+    assert Options(0.7, 0.5).fused_gap(cuda, f32) is None
+    assert Options(rows, 1.0, 30.0).fused_gap(cuda, f32) is None
+    assert Options(1.0, has_ids=False).fused_gap(cuda, f32) is None
+    assert "outputs mean_logit, is_top1" in Options(extras=("mean_logit", "is_top1")).fused_gap(cuda, f32)
+    assert Options(0.7, 0.5).fused_gap(cuda, f32, loss=True) is None
+    assert "per-row" in Options(rows).fused_gap(cuda, f32, loss=True)
+    assert "softcap" in Options(1.0, 1.0, 30.0).fused_gap(cuda, f32, loss=True)
+    assert "overflows" in Options(1e-30, 1e10).fused_gap(cuda, f32)  # log2(e) * scale / T = 1.4e40 > float32 max
+
+
+def test_fallback_for_records_the_missing_option_and_blocks_a_demanded_fused_path(monkeypatch):
+    """The dispatch decision of a CUDA call whose fused path lacks its option (the fused path's availability faked
+    available: the one edge a CPU test cannot reach)."""
+    from rlkernel.ops.linear_options import Options, fallback_for
+
+    monkeypatch.setattr(dispatch, "fused_unavailable_reason", lambda op, device, dtype: None)
+    cuda, f32 = torch.device("cuda"), torch.float32
+    opts = Options(extras=("is_top1",))
+    with dispatch.recording() as rec:
+        r = fallback_for("linear_logp.forward", opts, "auto", False, cuda, f32)
+        assert (r.backend, r.status, r.reason) == ("native", "fallback", "outputs is_top1 have no fused kernel yet")
+        with pytest.raises(dispatch.FusedKernelUnavailable, match="outputs is_top1 have no fused kernel yet"):
+            fallback_for("linear_logp.forward", opts, "fused", False, cuda, f32)
+        with pytest.raises(dispatch.FusedKernelUnavailable):
+            fallback_for("linear_logp.forward", opts, "auto", True, cuda, f32)
+        assert fallback_for("linear_logp.forward", opts, "native", False, cuda, f32) is None
+        assert fallback_for("linear_logp.forward", Options(0.5, 2.0), "fused", False, cuda, f32) is None
+        assert fallback_for("linear_logp.forward", opts, "auto", False, torch.device("cpu"), f32) is None
+    assert sorted(d.status for d, _ in rec.records) == ["blocked", "blocked", "fallback"]
