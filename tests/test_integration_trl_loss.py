@@ -129,3 +129,133 @@ def test_vllm_importance_sampling_ratio_is_applied_as_trl_applies_it(grpo, monke
     # the ratio matters: a loss that drops it is off by far more than the tolerance
     assert abs(without[0] - ref[0]) > 100 * LOSS_RTOL * abs(ref[0])
     check_equal(ref, fused(trainer, with_ratio, monkeypatch))
+
+
+FUSED_OPTIONS = {
+    "grpo": dict(loss_type="grpo"),
+    "bnpo": dict(loss_type="bnpo"),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "dapo": dict(loss_type="dapo"),  # num_items_in_batch normalisation
+    "cispo": dict(loss_type="cispo", epsilon_high=1.5),
+    "grpo_sequence": dict(loss_type="grpo", importance_sampling_level="sequence"),
+    "dapo_sequence": dict(loss_type="dapo", importance_sampling_level="sequence"),
+    "cispo_sequence": dict(loss_type="cispo", importance_sampling_level="sequence", epsilon_high=1.2),
+    "two_sided_delta": dict(loss_type="dapo", epsilon_low=0.1, epsilon_high=0.3, delta=1.4),
+    "beta_0_no_entropy": dict(loss_type="grpo", beta=0.0, entropy_coef=0.0),
+    "beta_bias_corrected_kl": dict(loss_type="bnpo", beta=0.3, use_bias_correction_kl=True),
+    "sequence_bias_corrected_kl": dict(loss_type="grpo", importance_sampling_level="sequence", beta=0.2,
+                                       use_bias_correction_kl=True),
+    "entropy_coef": dict(loss_type="dr_grpo", entropy_coef=0.05),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FUSED_OPTIONS))
+def test_every_fused_option_equals_trls_loss_gradients_and_metrics(grpo, monkeypatch, case):
+    trainer, inputs = grpo
+    configure(monkeypatch, trainer, **FUSED_OPTIONS[case])
+    ref = compute(trainer, inputs)
+    assert any(k.startswith("clip_ratio") or k == "cispo_clip_ratio" for k in ref[2])
+    check_equal(ref, fused(trainer, inputs, monkeypatch))
+
+
+INPUT_CASES = {
+    "no_old_logps": lambda i: {k: v for k, v in i.items() if k != "old_per_token_logps"},
+    "per_token_advantages": lambda i: dict(i, advantages=i["advantages"][:, None] * torch.linspace(
+        0.5, 1.5, i["completion_ids"].shape[1])),
+    "tool_mask": lambda i: dict(i, tool_mask=(torch.arange(i["completion_ids"].shape[1]) != 1).long().expand_as(
+        i["completion_mask"]).clone()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INPUT_CASES))
+def test_inputs_trl_may_hand_the_loss(grpo, monkeypatch, case):
+    trainer, inputs = grpo
+    crafted = INPUT_CASES[case](inputs)
+    check_equal(compute(trainer, crafted), fused(trainer, crafted, monkeypatch))
+
+
+def test_scored_rows_only_as_on_triton_devices_and_eval_mode(grpo, monkeypatch):
+    """On CUDA TRL's forward passes only the scored rows to the head: the same loss from them (here forced on CPU),
+    and eval mode's normalisation (no accumulation)."""
+    from trl.trainer import utils as trl_utils
+
+    trainer, inputs = grpo
+    monkeypatch.setattr(trl_utils, "_use_triton", lambda device: True)
+    check_equal(compute(trainer, inputs), fused(trainer, inputs, monkeypatch))
+    trainer.model.eval()
+    try:
+        configure(monkeypatch, trainer, loss_type="grpo")
+        model = trainer.model
+        with rk_trl.apply(loss=True):
+            got = trainer.compute_loss(model, inputs).item()
+        assert got == pytest.approx(trainer.compute_loss(model, inputs).item(), rel=LOSS_RTOL)
+    finally:
+        trainer.model.train()
+
+
+FALLBACKS = {
+    "sapo": (dict(loss_type="sapo"), "loss_type='sapo' not fused (fused: grpo, bnpo, dr_grpo, dapo, cispo)"),
+    "luspo": (dict(loss_type="luspo"), "loss_type='luspo' not fused (fused: grpo, bnpo, dr_grpo, dapo, cispo)"),
+    "top_entropy_quantile": (dict(top_entropy_quantile=0.5), "top_entropy_quantile=0.5 not fused (its mask is a "
+                                                             "quantile of the whole batch's entropies)"),
+    "off_policy_mask": (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold not fused"),
+    "adaptive_entropy": (dict(use_adaptive_entropy=True), "use_adaptive_entropy not fused (the static entropy_coef "
+                                                          "is)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACKS))
+def test_options_not_fused_go_to_trls_loss_with_the_reason(grpo, monkeypatch, case):
+    trainer, inputs = grpo
+    options, reason = FALLBACKS[case]
+    configure(monkeypatch, trainer, **options)
+    if case == "adaptive_entropy":
+        monkeypatch.setattr(trainer, "_entropy_bonus_enabled", True)
+        monkeypatch.setattr(trainer, "_last_world_entropy", 0.0)
+        monkeypatch.setattr(trainer, "_entropy_window_stats", None)
+    coef = trainer.entropy_coef
+    ref = compute(trainer, inputs)
+    # the adaptive controller moved its state: back to where the reference run started
+    trainer.entropy_coef, trainer._entropy_window_stats = coef, None
+    if case == "adaptive_entropy":
+        trainer._last_world_entropy = 0.0
+    with rk_trl.apply(loss=True), dispatch.recording() as rec, pytest.warns(rlkernel.FallbackWarning):
+        got = compute(trainer, inputs)
+    records = [r for r, _ in rec.records]
+    assert records[0] == dispatch.Dispatch(rk_trl.OP, "auto", "framework", "fallback", reason)
+    assert [r.op for r in records[1:]] == ["linear_logp.forward", "linear_logp.backward"]  # TRL's loss, our head
+    check_equal(ref, got)
+
+
+def test_a_head_rlkernel_cannot_compute_gives_trls_head_and_the_same_loss(grpo, monkeypatch):
+    trainer, inputs = grpo
+    monkeypatch.setattr(rk_trl, "fallback_reason", lambda *a: "a head rlkernel cannot compute")
+    ref = compute(trainer, inputs)
+    with rk_trl.apply(loss=True), dispatch.recording() as rec, pytest.warns(rlkernel.FallbackWarning):
+        got = compute(trainer, inputs)
+    assert [(r.op, r.reason) for r, _ in rec.records] == [(rk_trl.OP, "a head rlkernel cannot compute")]
+    check_equal(ref, got)
+
+
+def test_apply_loss_needs_the_head_and_is_undone():
+    original = trl.GRPOTrainer._compute_loss
+    with pytest.raises(ValueError, match="loss=True needs head=True"):
+        rk_trl.apply(loss=True, head=False)
+    with rk_trl.apply(loss=True) as p:
+        assert trl.GRPOTrainer._compute_loss is not original and p.options["loss"] is True
+    assert trl.GRPOTrainer._compute_loss is original
+
+
+def test_grpo_runs_with_apply_loss_match_trls_own(tmp_path, monkeypatch):
+    """Whole training runs (3 steps, generation, the trainer's accumulation and num_items_in_batch): per-step
+    losses and the gradients TRL hands the optimizer, with and without apply(loss=True)."""
+    args = trl_grpo.build_parser().parse_args([])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    trl_grpo.save_tiny_model(folder, args, torch.float32)
+    ref = trl_grpo.train(folder, args, torch.device("cpu"), torch.float32)
+    with rk_trl.apply(loss=True), dispatch.recording() as rec:
+        got = trl_grpo.train(folder, args, torch.device("cpu"), torch.float32)
+    # per step: the reference model's log-probs (the head) and the loss
+    assert {r.op: n for r, n in rec.records} == {"linear_logp.forward": args.steps, "linear_logp_loss": args.steps}
+    assert trl_grpo.compare(ref, got, args, torch.float32) == []
