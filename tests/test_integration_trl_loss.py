@@ -259,3 +259,43 @@ def test_grpo_runs_with_apply_loss_match_trls_own(tmp_path, monkeypatch):
     # per step: the reference model's log-probs (the head) and the loss
     assert {r.op: n for r, n in rec.records} == {"linear_logp.forward": args.steps, "linear_logp_loss": args.steps}
     assert trl_grpo.compare(ref, got, args, torch.float32) == []
+
+
+def test_cast_lm_head_to_fp32_with_bf16_weights(tmp_path, monkeypatch):
+    """A bf16 model with cast_lm_head_to_fp32: GRPOTrainer makes the head float32 (rlkernel then computes it in
+    float32, as TRL); a head left in bf16 (add_fused_lm_head's cast over a bf16 weight) maps to bf16 operands with
+    float32 logits (logits_dtype=torch.float32, issue 36): TRL's float32 loss, gradients to bf16 rounding."""
+    import datasets
+    import transformers as tf
+
+    args = trl_grpo.build_parser().parse_args([])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    trl_grpo.save_tiny_model(folder, args, torch.bfloat16)
+    config = trl.GRPOConfig(
+        output_dir=str(folder / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=8, beta=0.0, entropy_coef=0.01, temperature=0.9, report_to="none",
+        save_strategy="no", seed=0, use_cpu=True, bf16=False, disable_tqdm=True, cast_lm_head_to_fp32=True,
+        model_init_kwargs={"dtype": torch.bfloat16})
+    trainer = trl.GRPOTrainer(model=str(folder), reward_funcs=trl_grpo.reward, args=config,
+                              train_dataset=datasets.Dataset.from_dict({"prompt": trl_grpo.prompts(args)}),
+                              processing_class=tf.PreTrainedTokenizerFast.from_pretrained(folder))
+    inputs = trainer._generate_and_score_completions([{"prompt": p} for p in trl_grpo.prompts(args)[:4]])
+    inputs["advantages"] = torch.tensor([1.0, -0.7, 0.4, -1.2])
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    head = trainer.model.lm_head
+    assert head.weight.dtype == torch.float32 and trainer.model.model.norm.weight.dtype == torch.bfloat16
+    check_equal(compute(trainer, inputs), fused(trainer, inputs, monkeypatch))
+    head.to(torch.bfloat16)
+    ref = compute(trainer, inputs)
+    seen, op = [], rlkernel.linear_logp_loss
+    monkeypatch.setattr(rlkernel, "linear_logp_loss", lambda h, w, *a, **k: seen.append(
+        (h.dtype, w.dtype, k["logits_dtype"])) or op(h, w, *a, **k))
+    with rk_trl.apply(loss=True), dispatch.recording() as rec:
+        got = compute(trainer, inputs)
+    assert seen == [(torch.bfloat16, torch.bfloat16, torch.float32)]
+    assert [(r.op, r.status) for r, _ in rec.records] == [("linear_logp_loss", "fallback")]  # native on CPU
+    assert got[0] == pytest.approx(ref[0], rel=LOSS_RTOL)
+    for name, g in ref[1].items():
+        assert ((got[1][name].float() - g.float()).norm() / g.float().norm()).item() <= 1e-2, name
