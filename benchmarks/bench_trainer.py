@@ -14,8 +14,8 @@ computes) at --temperature:
   tests/test_integration_trl_loss.py checks it equal), then backward;
 - ``apply``: the same with the head by ``apply()`` (``rlkernel.linear_logp``);
 - ``apply-loss``: ``apply(loss=True)``'s head call, the loss and its gradients in one ``rlkernel.linear_logp_loss``;
-- ``liger``: Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (loss_type grpo, beta 0; skipped with the reason where
-  liger_kernel is not importable).
+- ``liger``: Liger-Kernel's ``LigerFusedLinearGRPOLoss`` (loss_type grpo, beta 0, its defaults otherwise: chunks of
+  one sequence, torch.compile unless --liger-eager; skipped with the reason where liger_kernel is not importable).
 Median of --repeat runs after --warmup, each timed by its own pair of CUDA events (``ms``), and the median host
 wall time of one call up to its synchronize (``wall ms``); peak memory: the allocator's peak during one run beyond
 the inputs (benchmarks/_timing.py), the returned gradients included; ``loss`` the value (every method the same
@@ -72,6 +72,9 @@ def build_parser():
     p.add_argument("--e2e-steps", type=int, default=4, help="optimizer steps per variant (the first not timed)")
     p.add_argument("--e2e-batch", type=int, default=8, help="completions per step (one GRPO group)")
     p.add_argument("--e2e-completion-len", type=int, default=256, help="max_completion_length")
+    p.add_argument("--liger-eager", action="store_true",
+                   help="Liger without its torch.compile (default: compiled, as TRL built it; compiling takes the "
+                        "warmup runs)")
     p.add_argument("--out", default=None, help="write the results as JSON to this file")
     return p
 
@@ -127,7 +130,7 @@ def _pending(B, T, adv, old):
         entropy_coef=0.0)
 
 
-def kernel_methods(B, T, H, V, temperature):
+def kernel_methods(B, T, H, V, temperature, liger_compiled=True):
     """{method: (fn returning the loss, prep) or a skip reason}; fn runs forward + backward."""
     from trl import kernels as trl_kernels
 
@@ -179,7 +182,7 @@ def kernel_methods(B, T, H, V, temperature):
         out["liger"] = f"liger_kernel not importable ({exc})"
         return out
     liger = LigerFusedLinearGRPOLoss(beta=0.0, use_ref_model=False, loss_type="grpo", temperature=temperature,
-                                     epsilon_low=0.2, epsilon_high=0.2)
+                                     epsilon_low=0.2, epsilon_high=0.2, compiled=liger_compiled)
     mask = torch.ones(B, T, device="cuda", dtype=torch.long)
 
     def run_liger():
@@ -199,7 +202,7 @@ def run_kernel(args, shapes, ns, methods):
             if n % args.seq_len:
                 raise CliError(f"--ns: {n} is not a multiple of --seq-len {args.seq_len}")
             B, T = n // args.seq_len, args.seq_len
-            fns = kernel_methods(B, T, H, V, args.temperature)
+            fns = kernel_methods(B, T, H, V, args.temperature, not args.liger_eager)
             base = None
             for m in methods:
                 row = dict(H=H, V=V, N=n, B=B, T=T, method=m)
