@@ -30,21 +30,19 @@ from rlkernel.integrations import trl as rk_trl  # noqa: E402
 LOSS_RTOL, GRAD_RTOL = 1e-5, 1e-4
 
 
-@pytest.fixture(scope="module")
-def grpo(tmp_path_factory):
+def make_trainer(folder, device="cpu"):
     """A GRPOTrainer (beta > 0: a reference model) and one generated micro-batch, with old log-probs moved away
     from the policy's (ratios beyond the clip range both ways) and advantages of both signs."""
     import datasets
     import transformers as tf
 
     warnings.simplefilter("ignore", FutureWarning)
-    folder = tmp_path_factory.mktemp("model")
     args = trl_grpo.build_parser().parse_args([])
     trl_grpo.save_tiny_model(folder, args, torch.float32)
     config = trl.GRPOConfig(
         output_dir=str(folder / "out"), max_steps=1, per_device_train_batch_size=4, num_generations=4,
         max_completion_length=8, beta=0.1, entropy_coef=0.01, temperature=0.9, report_to="none",
-        save_strategy="no", seed=0, use_cpu=True, bf16=False, disable_tqdm=True)
+        save_strategy="no", seed=0, use_cpu=device == "cpu", bf16=False, disable_tqdm=True)
     trainer = trl.GRPOTrainer(model=str(folder), reward_funcs=trl_grpo.reward, args=config,
                               train_dataset=datasets.Dataset.from_dict({"prompt": trl_grpo.prompts(args)}),
                               processing_class=tf.PreTrainedTokenizerFast.from_pretrained(folder))
@@ -52,14 +50,21 @@ def grpo(tmp_path_factory):
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2  # set by the training loop; 2 shows its normalisation
     mask = inputs["completion_mask"]
-    assert mask.sum(-1).min() < mask.shape[1] and (mask.sum(-1) > 0).all()  # a completion right-padded
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         logp, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model, torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
             torch.cat([inputs["prompt_mask"], mask], 1), mask.shape[1])
-    inputs["old_per_token_logps"] = logp + 0.4 * torch.randn(logp.shape, generator=g)
-    inputs["advantages"] = torch.tensor([1.0, -0.7, 0.4, -1.2])
+    inputs["old_per_token_logps"] = logp + 0.4 * torch.randn(logp.shape, generator=g).to(logp.device)
+    inputs["advantages"] = torch.tensor([1.0, -0.7, 0.4, -1.2], device=logp.device)
+    return trainer, inputs
+
+
+@pytest.fixture(scope="module")
+def grpo(tmp_path_factory):
+    trainer, inputs = make_trainer(tmp_path_factory.mktemp("model"))
+    mask = inputs["completion_mask"]
+    assert mask.sum(-1).min() < mask.shape[1] and (mask.sum(-1) > 0).all()  # a completion right-padded
     return trainer, inputs
 
 
@@ -299,3 +304,22 @@ def test_cast_lm_head_to_fp32_with_bf16_weights(tmp_path, monkeypatch):
     assert got[0] == pytest.approx(ref[0], rel=LOSS_RTOL)
     for name, g in ref[1].items():
         assert ((got[1][name].float() - g.float()).norm() / g.float().norm()).item() <= 1e-2, name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", ["dapo", "grpo_sequence", "cispo"])
+def test_fused_loss_on_cuda_matches_trls(tmp_path, monkeypatch, case):
+    """On CUDA: TRL's forward passes the scored rows only (Triton), the loss runs fused; float32 weights (TF32 in
+    TRL's Triton head: a looser tolerance than on CPU)."""
+    trainer, inputs = make_trainer(tmp_path, "cuda")
+    configure(monkeypatch, trainer, **FUSED_OPTIONS[case])
+    ref = compute(trainer, inputs)
+    with rk_trl.apply(loss=True), dispatch.recording() as rec:
+        got = compute(trainer, inputs)
+    assert [(r.op, r.status, n) for r, n in rec.records] == [("linear_logp_loss", "fused", 1)]
+    assert got[0] == pytest.approx(ref[0], rel=1e-3, abs=1e-6)
+    for name, g in ref[1].items():
+        assert ((got[1][name] - g).norm() / g.norm().clamp_min(1e-30)).item() <= 1e-2, name
+    for k, v in ref[2].items():
+        assert got[2][k] == pytest.approx(v, rel=1e-2, abs=1e-4), k

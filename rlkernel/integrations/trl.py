@@ -10,11 +10,17 @@ TRL's masking, compaction of ignored rows (on Triton devices TRL passes only the
 Options of TRL's head, mapped:
 - ``temperature``: the op's temperature; ``outputs`` ``log_probs`` and ``entropy``: the op's logp and entropy;
 - ``cast_lm_head_to_fp32`` and autocast: the op runs when hidden states, weight and bias already have the dtype
-  TRL would compute in (a float32 model, or a model in the autocast dtype); mixed dtypes go back to TRL;
+  TRL would compute in (a float32 model, or a model in the autocast dtype); float32 hidden states against a
+  16-bit weight with autocast off (TRL's ``cast_lm_head_to_fp32`` over a 16-bit head) run on the weight's dtype
+  with ``logits_dtype=torch.float32`` (``float32_head``); other mixed dtypes go back to TRL;
 - ``chunk_size`` (TRL's vocabulary tile width): not used, the op picks its own tiles;
 - back to TRL, with the reason recorded (``integrations.trl`` fallback): the extra outputs ``log_sum_sq_probs``,
   ``mean_logits``, ``is_top1``; ``final_logit_softcapping`` (Gemma 2/3); a ``logit_scale`` other than 1 (Cohere,
   Granite, ...); a DTensor or DeepSpeed ZeRO-3 head (the op's backward recomputes outside TRL's gather).
+
+Loss (``loss=True``; rlkernel.integrations.trl_loss, contract 2): ``GRPOTrainer._compute_loss`` as one
+``rlkernel.linear_logp_loss`` call inside the model's forward, for the options TRL's loss has that it fuses; the
+others go to TRL's own ``_compute_loss`` with the reason recorded.
 
 Phases (``phases=True``, the default; contract 3): ``GRPOTrainer``'s own methods, replaced on the class (trainers
 built before or after ``apply``), open the standard ``rlkernel.phase`` ranges where TRL runs them:

@@ -135,7 +135,8 @@ def loss_fn_for(p: Pending, T: int):
     """``linear_logp_loss``'s loss_fn over chunks of whole completions; it keeps the detached log-probs and
     entropies for the metrics and the values TRL's forward returns."""
     def loss_fn(logp, entropy, sl):
-        assert sl.start % T == 0 and logp.numel() % T == 0, "chunks must hold whole completions"
+        if sl.start % T or logp.numel() % T:  # chunk_rows makes whole completions: a broken invariant, not input
+            raise RuntimeError(f"rlkernel.integrations.trl: a loss chunk {sl} splits a completion of {T} tokens")
         rows = slice(sl.start // T, sl.stop // T)
         lp, ent = logp.view(-1, T), entropy.view(-1, T)
         p.logp[rows] = lp.detach()
