@@ -234,12 +234,21 @@ def test_options_not_fused_go_to_trls_loss_with_the_reason(grpo, monkeypatch, ca
 
 def test_a_head_rlkernel_cannot_compute_gives_trls_head_and_the_same_loss(grpo, monkeypatch):
     trainer, inputs = grpo
-    monkeypatch.setattr(rk_trl, "fallback_reason", lambda *a: "a head rlkernel cannot compute")
+    monkeypatch.setattr(rk_trl, "fallback_reason", lambda *a, **k: "a head rlkernel cannot compute")
     ref = compute(trainer, inputs)
     with rk_trl.apply(loss=True), dispatch.recording() as rec, pytest.warns(rlkernel.FallbackWarning):
         got = compute(trainer, inputs)
     assert [(r.op, r.reason) for r, _ in rec.records] == [(rk_trl.OP, "a head rlkernel cannot compute")]
     check_equal(ref, got)
+
+
+def test_a_zero3_head_is_fused_in_the_loss(grpo, monkeypatch):
+    """A DeepSpeed ZeRO-3 head weight (what DeepSpeed sets on it, faked: no DeepSpeed here) goes to TRL's head for
+    log-probs alone (linear_logp's backward would recompute outside TRL's gather), but the loss computes every
+    gradient inside TRL's gather: fused."""
+    trainer, inputs = grpo
+    monkeypatch.setattr(trainer.model.lm_head.weight, "ds_id", 0, raising=False)
+    check_equal(compute(trainer, inputs), fused(trainer, inputs, monkeypatch))
 
 
 def test_apply_loss_needs_the_head_and_is_undone():

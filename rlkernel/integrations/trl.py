@@ -16,7 +16,9 @@ Options of TRL's head, mapped:
 - ``chunk_size`` (TRL's vocabulary tile width): not used, the op picks its own tiles;
 - back to TRL, with the reason recorded (``integrations.trl`` fallback): the extra outputs ``log_sum_sq_probs``,
   ``mean_logits``, ``is_top1``; ``final_logit_softcapping`` (Gemma 2/3); a ``logit_scale`` other than 1 (Cohere,
-  Granite, ...); a DTensor or DeepSpeed ZeRO-3 head (the op's backward recomputes outside TRL's gather).
+  Granite, ...); a DTensor or DeepSpeed ZeRO-3 head (the op's backward recomputes outside TRL's gather; under
+  ``loss=True`` the policy's ZeRO-3 head is computed: ``linear_logp_loss`` computes its gradients inside TRL's
+  gather, in the model's forward, as TRL requires of a fused loss).
 
 Loss (``loss=True``; rlkernel.integrations.trl_loss, contract 2): ``GRPOTrainer._compute_loss`` as one
 ``rlkernel.linear_logp_loss`` call inside the model's forward, for the options TRL's loss has that it fuses; the
@@ -56,8 +58,10 @@ PHASED_METHODS = ("_generate", "_get_per_token_logps_and_entropies", "compute_lo
 _state: dict = {}  # the active patch
 
 
-def fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs) -> str | None:
-    """Why this call of TRL's head goes back to TRL; None when rlkernel.linear_logp computes it."""
+def fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs,
+                    loss: bool = False) -> str | None:
+    """Why this call of TRL's head goes back to TRL; None when rlkernel.linear_logp computes it (``loss``: the
+    pending loss' linear_logp_loss, which computes its gradients inside TRL's ZeRO-3 gather of the head)."""
     extra = [o for o in outputs if o not in SUPPORTED_OUTPUTS]
     if extra:
         return f"outputs {', '.join(extra)} not supported (rlkernel computes log_probs and entropy)"
@@ -65,7 +69,7 @@ def fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, 
         return f"softcap (final_logit_softcapping={final_logit_softcapping}) not supported"
     if logit_scale != 1.0:
         return f"logit_scale={logit_scale} not supported"
-    return _head.unsupported_reason(hidden, weight, bias)
+    return _head.unsupported_reason(hidden, weight, bias, zero3_gathered=loss)
 
 
 def float32_head(hidden, weight, bias) -> bool:
@@ -98,8 +102,9 @@ class RlkernelHead:
         logits32 = float32_head(hidden, weight, bias)
         if logits32:
             hidden = hidden.to(weight.dtype)
-        reason = fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs)
         pending, self.pending = self.pending, None  # one forward's head call
+        reason = fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs,
+                                 loss=pending is not None)
         if reason is not None:
             dispatch.framework_fallback(OP, reason, backend=self.backend, require_fused=self.require_fused)
             out = self.original.apply(*args)
