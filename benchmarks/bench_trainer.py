@@ -195,6 +195,17 @@ def kernel_methods(B, T, H, V, temperature, liger_compiled=True):
     return out
 
 
+def dw_accumulation(method, B, T, V) -> str:
+    """How each method sums the weight gradient over tokens (the issue's targets compare at the same dtype)."""
+    from rlkernel.integrations import trl_loss
+
+    if method == "apply-loss":
+        chunks = -(-B * T // trl_loss.chunk_rows(B, T, V, 2))
+        return "bf16 (one chunk)" if chunks == 1 else f"bf16 over {chunks} token chunks"
+    return {"trl": "float32 (TRL's backward)", "apply": "bf16 over row blocks (linear_logp's backward)",
+            "liger": "Liger's"}[method]
+
+
 def run_kernel(args, shapes, ns, methods):
     rows = []
     for H, V in shapes:
@@ -227,12 +238,13 @@ def run_kernel(args, shapes, ns, methods):
                     print(f"| {H}x{V} | {n} | {m} | error {type(exc).__name__}: {str(exc)[:160]} |", flush=True)
                     continue
                 base = ms if m == "trl" else base
+                dw = dw_accumulation(m, B, T, V)
                 row.update(ms=ms, wall_ms=wall, peak_gib=peak / 2 ** 30, loss=loss,
-                           speedup_vs_trl=(base / ms) if base else None)
+                           speedup_vs_trl=(base / ms) if base else None, dw_accumulation=dw)
                 rows.append(row)
                 x = f"{base / ms:.2f}x" if base else "-"
-                print(f"| {H}x{V} | {n} | {m} | {ms:.2f} | {wall:.2f} | {peak / 2 ** 30:.2f} | {loss:.6g} | {x} |",
-                      flush=True)
+                print(f"| {H}x{V} | {n} | {m} | {ms:.2f} | {wall:.2f} | {peak / 2 ** 30:.2f} | {loss:.6g} | {x} | "
+                      f"{dw} |", flush=True)
             del fns
             torch.cuda.empty_cache()
     return rows
@@ -368,7 +380,8 @@ def main(argv=None) -> int:
     if "kernel" in parts:
         print(f"\n## Kernel level: forward + backward of the GRPO loss, bf16, T={args.seq_len}, "
               f"median of {args.repeat}\n")
-        print("| H x V | N | method | ms | wall ms | peak GiB | loss | x trl |\n|---|---|---|---|---|---|---|---|")
+        print("| H x V | N | method | ms | wall ms | peak GiB | loss | x trl | dW accumulation |\n"
+              "|---|---|---|---|---|---|---|---|---|")
         result["kernel"] = run_kernel(args, shapes, ns, methods)
     if "e2e" in parts:
         print(f"\n## End to end: GRPOTrainer, Qwen2.5-0.5B-shaped random model, bf16, {args.e2e_batch} x "
