@@ -333,3 +333,31 @@ def test_fused_loss_on_cuda_matches_trls(tmp_path, monkeypatch, case):
     assert got[2].keys() == ref[2].keys()
     for k in ("entropy", "kl"):  # a clip ratio may count a token at the clip boundary differently under TF32
         assert got[2][k] == pytest.approx(ref[2][k], rel=1e-2, abs=1e-4), k
+
+
+@pytest.mark.parametrize("find_unused", [True, False])
+def test_under_ddp_the_loss_is_reduced_as_trls(grpo, monkeypatch, tmp_path, find_unused):
+    """The model wrapped in DistributedDataParallel (one gloo rank; the Trainer's default find_unused_parameters is
+    True without gradient checkpointing): DDP's forward runs around TRL's patched forward, its reducer finds the
+    parameters from the forward's outputs and all-reduces their gradients in the backward of the fused loss."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    trainer, inputs = grpo
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        ddp = DistributedDataParallel(trainer.model, find_unused_parameters=find_unused)
+
+        def run():
+            trainer.model.zero_grad(set_to_none=True)
+            loss = trainer.compute_loss(ddp, inputs)
+            loss.backward()
+            return loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+        ref = run()
+        with rk_trl.apply(loss=True):
+            got = run()
+        assert got[1].keys() == ref[1].keys()
+        check_equal((ref[0], ref[1], {}), (got[0], got[1], {}))
+    finally:
+        dist.destroy_process_group()

@@ -190,7 +190,10 @@ def fused_loss(p: Pending, hidden, weight, bias, temperature, outputs, options: 
                                        temperature=temperature, chunk_size=chunk_rows(B, T, weight.shape[0], itemsize),
                                        **options)
     ent = from_window(p, p.entropy, hidden) if "entropy" in outputs else None
-    return from_window(p, p.logp, hidden), ent, None, None, None
+    # the log-probs TRL's forward returns hang on the loss' graph (by a zero): DDP with find_unused_parameters
+    # finds the parameters from the forward's outputs, and would otherwise mark every one unused, then ready twice
+    logp = from_window(p, p.logp, hidden) + p.loss * 0 if p.loss.requires_grad else from_window(p, p.logp, hidden)
+    return logp, ent, None, None, None
 
 
 def loss_from_rows(p: Pending, logp_rows, entropy_rows) -> None:
