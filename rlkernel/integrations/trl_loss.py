@@ -301,8 +301,8 @@ def policy_loss_value(trainer, p: Pending) -> torch.Tensor:
 
 
 def compute_loss(trainer, model, inputs, head, phase=None):
-    """``GRPOTrainer._compute_loss`` through the fused loss (``head``: the active RlkernelHead); TRL's own with the
-    reason recorded where ``fallback_reason`` says so."""
+    """``GRPOTrainer._compute_loss`` through the fused loss (``head``: the active RlkernelHead; ``phase``: the
+    policy_forward range, or None), for options ``fallback_reason`` passed."""
     p = build(trainer, inputs)
     prompt_ids, completion_ids = inputs["prompt_ids"], inputs["completion_ids"]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
