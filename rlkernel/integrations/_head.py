@@ -19,8 +19,11 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def unsupported_reason(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> str | None:
-    """Why rlkernel's ops cannot compute this head as the framework does; None when they can."""
+def unsupported_reason(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *,
+                       zero3_gathered: bool = False) -> str | None:
+    """Why rlkernel's ops cannot compute this head as the framework does; None when they can. ``zero3_gathered``:
+    the call runs inside the framework's ZeRO-3 gather of the head and computes every gradient there
+    (``linear_logp_loss``), so a ZeRO-3 parameter is a plain, gathered weight for it."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch without distributed support
@@ -30,7 +33,7 @@ def unsupported_reason(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.T
             continue
         if isinstance(t, DTensor):
             return f"the LM head {what} is a DTensor (FSDP2 / tensor parallel): sharded weights are not supported"
-        if hasattr(t, "ds_id"):
+        if hasattr(t, "ds_id") and not zero3_gathered:
             # linear_logp's backward recomputes from the saved weight, outside the framework's gather
             return f"the LM head {what} is a DeepSpeed ZeRO-3 parameter: sharded weights are not supported"
     if weight.device != hidden.device or (bias is not None and bias.device != hidden.device):
