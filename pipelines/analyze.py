@@ -300,7 +300,8 @@ def run_ranks(args: argparse.Namespace) -> int:
         title = f"{name}: {len(specs)} ranks"
         out = args.out if args.out is not None else cross_rank.default_out(name)
         check_outputs([out])
-        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges), phases=tuple(args.phases),
+        phases = None if args.no_step_view else tuple(args.phases)
+        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges), phases=phases,
                               step_range=args.step_range) for s in specs]
         t0 = time.perf_counter()
         partials = ranks.run_jobs(jobs, args.executor, args.jobs)
