@@ -13,9 +13,11 @@ progress lines; the CSVs of the pushpop and startend variants must then be equal
                                        [--variants pushpop,startend,mixed] [--phase-steps N] [--workdir DIR] [--keep]
     python benchmarks/bench_analyze.py --export TRACE.sqlite[.xz] [--limit 10]
 
-``--phase-steps N`` analyzes each variant a second time with RL phases added (add_phases: N rlkernel steps per
-thread, each holding rollout, loss, policy_forward and optimizer over the launches): the difference is what the
-RL-step view (docs/contracts.md, section 11) costs. ``--export`` times the analyzer on one given export instead,
+``--phase-steps N`` analyzes each variant's trace again with RL phases added (add_phases: N rlkernel steps per
+thread, each holding rollout, loss, policy_forward and optimizer over the launches), once with ``--no-step-view``
+and once with the view: the difference is what the RL-step view (docs/contracts.md, section 11) costs, the first
+run's excess over the plain trace what the phase ranges themselves cost (staged like any range). ``--export``
+times the analyzer on one given export instead,
 e.g. the 2-step TRL trace of tools/rl_step_walkthrough.sh (issue 35's target: <= 10 s on 2 cores; run it under
 ``taskset -c 0,1``).
 
@@ -163,10 +165,10 @@ def add_phases(src: pathlib.Path, dst: pathlib.Path, layout: dict, steps: int) -
     return len(rows)
 
 
-def analyze(trace: pathlib.Path, out: pathlib.Path) -> tuple[float, float, float, str, str]:
+def analyze(trace: pathlib.Path, out: pathlib.Path, *extra: str) -> tuple[float, float, float, str, str]:
     """Wall seconds, CPU seconds (user + system), peak RSS in GB (this child alone: wait4's rusage), stderr and
     stdout of one analyzer run. CPU time is the steadier figure on a shared machine."""
-    cmd = [sys.executable, "-m", "pipelines.analyze", str(trace), "--out", str(out)]
+    cmd = [sys.executable, "-m", "pipelines.analyze", str(trace), "--out", str(out), *extra]
     with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as said:
         t = time.perf_counter()
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=said, stderr=err, text=True)
@@ -241,6 +243,9 @@ def main(argv=None) -> int:
     ap.add_argument("--phase-steps", type=int, default=0, metavar="N",
                     help="also analyze each variant with N rlkernel steps of RL phases per thread added (the same "
                          "trace otherwise): what the RL-step view adds")
+    ap.add_argument("--repeat", type=int, default=1, metavar="R",
+                    help="--phase-steps: analyze the phased trace R times with and without the view, alternating, "
+                         "and compare the least times")
     ap.add_argument("--export", type=pathlib.Path, metavar="FILE",
                     help="time the analyzer on this export instead (.sqlite, or .sqlite.xz as "
                          "tools/rl_step_walkthrough.sh keeps it); no trace is built")
@@ -249,7 +254,7 @@ def main(argv=None) -> int:
         args = ap.parse_args(argv)
         variants = args.variants.split(",")
         if not set(variants) <= set(STYLE) or args.kernels < 1 or args.ranges_per_launch < 1 or args.threads < 1 \
-                or args.phase_steps < 0:
+                or args.phase_steps < 0 or args.repeat < 1:
             raise CliError(f"variants are {', '.join(STYLE)}; counts must be >= 1 (--phase-steps >= 0)")
         if args.export is not None and not args.export.is_file():
             raise CliError(f"--export {args.export}: no such file")
@@ -293,11 +298,19 @@ def main(argv=None) -> int:
             if args.phase_steps:
                 phased = work / f"{v}-phases.sqlite"
                 added = add_phases(trace, phased, counts["layout"], args.phase_steps)
-                pwall, pcpu, prss, _, stdout = analyze(phased, work / f"{v}-phases-out")
-                n_steps = len(pd.read_csv(work / f"{v}-phases-out" / "steps.csv"))
-                print(f"  {v:9s} + RL phases ({added} ranges, {n_steps} steps): analyze {pwall:.2f} s wall "
-                      f"({100 * (pwall / wall - 1):+.1f} %), {pcpu:.1f} s CPU ({100 * (pcpu / cpu - 1):+.1f} %), "
-                      f"{prss:.2f} GB peak RSS | {headline(stdout)}", flush=True)
+                off, on = work / f"{v}-phases-off", work / f"{v}-phases-out"
+                runs = {"off": [], "on": []}
+                for _ in range(args.repeat):  # alternating, the least of each: a shared machine's noise
+                    runs["off"].append(analyze(phased, off, "--no-step-view"))
+                    runs["on"].append(analyze(phased, on))
+                (owall, ocpu), (pwall, pcpu) = ((min(r[0] for r in runs[k]), min(r[1] for r in runs[k]))
+                                                for k in ("off", "on"))
+                n_steps = len(pd.read_csv(on / "steps.csv"))
+                print(f"  {v:9s} + RL phases ({added} ranges, {n_steps} steps), least of {args.repeat}: "
+                      f"--no-step-view {owall:.2f} s wall, {ocpu:.1f} s CPU ({100 * (ocpu / cpu - 1):+.1f} % CPU over "
+                      f"the trace without them: the phase ranges' own cost); with the view {pwall:.2f} s wall, "
+                      f"{pcpu:.1f} s CPU: **the view adds {100 * (pcpu / ocpu - 1):+.1f} % CPU, "
+                      f"{100 * (pwall / owall - 1):+.1f} % wall** | {headline(runs['on'][-1][4])}", flush=True)
         rc = 0
         if {"pushpop", "startend"} <= set(outs):
             bad = same_but_style(outs["pushpop"], outs["startend"])

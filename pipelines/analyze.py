@@ -75,6 +75,9 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
     p.add_argument("--step-range", metavar="RANGE",
                    help="the NVTX range that is one training step (--range's matching rules; default: the "
                         "rlkernel domain's phase:step, from rlkernel.step())")
+    p.add_argument("--no-step-view", action="store_true",
+                   help="leave the RL-step view out (no steps.csv, phases.csv, headline), phase ranges or not: "
+                        "what the view costs, timed (benchmarks/bench_analyze.py --phase-steps)")
     p.add_argument("--require-fused", action="store_true",
                    help="after writing the reports, exit 1 when a workload that must be fused (one with "
                         "fused_ops, or a *-fused range) or one of its required op ranges is not fused")
@@ -108,8 +111,8 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
 
 def analyze_source(src: analysis.Source, args: argparse.Namespace) -> analysis.Result:
     try:
-        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges, phases=args.phases,
-                                step_range=args.step_range)
+        return analysis.analyze(src, patterns=args.fused_pattern, ranges=args.ranges,
+                                phases=None if args.no_step_view else args.phases, step_range=args.step_range)
     except phase_view.PhaseError as e:
         raise UsageError(str(e)) from None
     except trace_db.NUMERIC_ERRORS as e:
@@ -185,6 +188,8 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if args.no_step_view and (args.phases or args.step_range):
+        raise UsageError("--no-step-view leaves the RL-step view out: give it without --phase and --step-range")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
     paths = [pathlib.Path(i) for i in args.inputs] or [default_input()]
@@ -295,7 +300,8 @@ def run_ranks(args: argparse.Namespace) -> int:
         title = f"{name}: {len(specs)} ranks"
         out = args.out if args.out is not None else cross_rank.default_out(name)
         check_outputs([out])
-        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges), phases=tuple(args.phases),
+        phases = None if args.no_step_view else tuple(args.phases)
+        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges), phases=phases,
                               step_range=args.step_range) for s in specs]
         t0 = time.perf_counter()
         partials = ranks.run_jobs(jobs, args.executor, args.jobs)

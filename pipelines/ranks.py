@@ -65,7 +65,7 @@ class RankJob:
     threads: int | None = None  # DuckDB threads; None: the CPUs this process may use
     # the RL-step view (--phase, --step-range; the rlkernel domain's phase ranges anyway): each rank's steps and
     # phases tables travel back with the others; a name this rank lacks is no error here (checked on the union)
-    phases: tuple[str, ...] = ()
+    phases: tuple[str, ...] | None = ()  # None: no view (--no-step-view)
     step_range: str | None = None
 
 
@@ -200,7 +200,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
     prepare = keep_process(spec.proc) if spec.proc is not None else None
     try:
         res = analysis.analyze(spec.source, patterns=list(job.patterns), ranges=list(job.ranges), con=con,
-                               prepare=prepare, phases=list(job.phases), step_range=job.step_range,
+                               prepare=prepare,
+                               phases=list(job.phases) if job.phases is not None else None, step_range=job.step_range,
                                strict_phases=False)
         con.execute("SET enable_progress_bar = false")  # a pool's bars would interleave on stderr
         # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file

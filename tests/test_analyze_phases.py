@@ -122,6 +122,15 @@ def test_without_the_option_the_view_is_left_out_and_the_cli_writes_it(synth, tm
     assert "GPU busy 27 % of the step" in html and "step 7</strong>: the step with the median wall span" in html
 
 
+def test_no_step_view_leaves_the_view_out_and_takes_no_phase(synth, tmp_path, capsys):
+    assert analyze.main([str(synth), "--out", str(tmp_path / "r"), "--no-step-view"]) == EXIT_OK
+    assert not (tmp_path / "r" / "steps.csv").exists() and not (tmp_path / "r" / "phases.csv").exists()
+    assert "GPU busy " not in capsys.readouterr().out
+    assert analyze.main([str(synth), "--out", str(tmp_path / "s"), "--no-step-view", "--phase", "rollout"]) == \
+        EXIT_USAGE
+    assert "--no-step-view leaves the RL-step view out" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
 def test_step_range_names_another_range_and_bad_names_exit_2(synth, tmp_path, capsys):
     res = analysis.analyze(analysis.Source(synth), phases=[], step_range="phase:loss")
     steps = res.tables["steps"]

@@ -3,7 +3,8 @@
 #
 #   source .node-kit/env.sh && OUT=/tmp/walk bash tools/rl_step_walkthrough.sh [EXTRA trl_grpo_phases.py ARGS]
 #
-# `python -m pipelines.capture -- python examples/trl_grpo_phases.py --shape $SHAPE --head $HEAD ...`, then
+# `python -m rlkernel.build` (HEAD=rlkernel), `python -m pipelines.capture -- python examples/trl_grpo_phases.py
+# --shape $SHAPE --head $HEAD ...`, then
 # `python -m pipelines.analyze` on its export (timed, on 2 cores: taskset -c 0,1), NVIDIA's `nsys stats`
 # (nvtx_sum, nvtx_gpu_proj_sum, nvtx_pushpop_trace) and `nsys analyze` (tools/fixture_rules.sh: gpu_gaps,
 # gpu_time_util, the four sync rules) on the same export, compared by tools/rl_step_compare.py (the tests' check).
@@ -33,6 +34,16 @@ export PYTHONUNBUFFERED=1
 say "rl_step_walkthrough: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)" \
     "| nsys $(nsys --version | awk '{print $NF}') | tree $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 failed=""
+
+# 0. rlkernel's fused kernels built ahead (into the cache the first fused call reads), not inside the capture:
+# a first-use build there would put nvcc's processes in the trace and its minutes in the step
+if [ "$HEAD" = rlkernel ]; then
+  t0=$(now)
+  MAX_JOBS=${MAX_JOBS:-8} "$PY" -m rlkernel.build >> "$LOG" 2>&1
+  rc=$?
+  if [ "$rc" = 0 ]; then say "rlkernel.build: ready in $(secs "$t0" "$(now)") s"
+  else say "rlkernel.build: exit $rc in $(secs "$t0" "$(now)") s: the LM head may run native (see walkthrough.log)"; fi
+fi
 
 # 1. the capture
 cmd=("$PY" examples/trl_grpo_phases.py --shape "$SHAPE" --head "$HEAD" --max-steps "$STEPS"
