@@ -88,7 +88,7 @@ class _PrecomputedGrads(torch.autograd.Function):
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
                      chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
-                     logits_dtype: torch.dtype | None = None):
+                     logits_dtype: torch.dtype | None = None, top_k=0, top_p=1.0, min_p=0.0):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
@@ -110,8 +110,22 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     dtype. ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
     ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
     entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
-    ``IndexError`` at once. See docs/contracts.md.
+    ``IndexError`` at once.
+
+    With ``top_k`` / ``top_p`` / ``min_p`` (numbers or per-row tensors), a per-row or zero temperature: ``logp``
+    and ``entropy`` are the processed ones of ``rlkernel.linear_logp`` with the same filters (the sampler's kept
+    set; ``-inf`` log-prob off it: mask it in ``loss_fn``), computed by that op's processed mode, and the gradients
+    flow by plain autograd (backward recomputes the logits). See docs/contracts.md.
     """
+    from rlkernel.ops import linear_logp_processed as proc
+
+    if proc.wants_processed(temperature, top_k, top_p, min_p, None, None):
+        # the temperature is checked with the filters (0 and per-row tensors are allowed there)
+        check_args(hidden, weight, token_ids, loss_fn, bias, 1.0, ignore_index, reduction, chunk_size)
+        return proc.processed_loss(hidden, weight, token_ids, loss_fn, bias=bias, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, min_p=min_p, ignore_index=ignore_index,
+                                   reduction=reduction, chunk_size=chunk_size, backend=backend,
+                                   require_fused=require_fused, logits_dtype=logits_dtype)
     logits32 = check_logits_dtype(logits_dtype)
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
