@@ -116,6 +116,8 @@ def _forward(c: _Ctx, ids, settings, csr, ignore_index, return_entropy, shape, r
         for r0, r1 in c.blocks():
             x = c.logits(r0, r1)
             if csr is None:
+                if r0 > 0:  # each block its own entry, offset to its first row: positions name the whole call
+                    address, seq, _ = errors.begin("linear_logp.forward", dev, shape, c.vocab, r0)
                 lp, en, st, th = torch.ops.rlkernel.logp_processed_forward(
                     x, ids[r0:r1], float(t), int(k), float(p), float(mp), _slice(t_rows, r0, r1),
                     _slice(k_rows, r0, r1), _slice(p_rows, r0, r1), _slice(mp_rows, r0, r1), ignore_index,
@@ -208,7 +210,7 @@ def linear_logp_processed_fused(hidden, weight, token_ids, *, bias, settings, cs
                                 batch_invariant=False, requested="auto", logits32=False):
     """Fused processed log-probs (and filtered entropy) of validated CUDA inputs: (logp, entropy or None), float32,
     shaped like the ids. No host sync: bad ids and per-row settings give NaN and go to the device error record
-    (their row counted within its block)."""
+    (positions counted over the whole call)."""
     _ext.load()
     logp_processed.ensure_registered()
     with op_range("op.linear_logp.forward"):
