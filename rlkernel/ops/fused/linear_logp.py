@@ -36,6 +36,7 @@ from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
+from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
@@ -170,10 +171,17 @@ def _tile_setup(rows2d, batch_invariant, logits32):
 
 
 def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-             logits32=False):
+             logits32=False, epilogue=False):
+    """(logp, entropy, stats); ``epilogue``: by the epilogue GEMM (``epilogue_gemm.reason`` said yes), else by cuBLAS
+    tiles and the fold kernel."""
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev = rows2d.device
+    if epilogue:
+        address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
+        out = epilogue_gemm.forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, address, seq)
+        errors.after_call(dev, sync)
+        return out
     tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
     block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -265,12 +273,13 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
 class _FusedLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-                logits32, requested):
+                logits32, epilogue, requested):
         logp, entropy, stats = _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy,
-                                        batch_invariant, shape, logits32)
+                                        batch_invariant, shape, logits32, epilogue)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
-        ctx.requested, ctx.logits32 = requested, logits32
+        # after the epilogue GEMM (float32 logits) the backward's softmax is that of float32 logits too
+        ctx.requested, ctx.logits32 = requested, logits32 or epilogue
         ctx.set_materialize_grads(False)
         return logp, (entropy if return_entropy else None)
 
@@ -280,7 +289,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        none = (None,) * 8
+        none = (None,) * 9
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
@@ -305,10 +314,13 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
         ids = flat_ids(token_ids)
         weight_c = weight if weight.is_contiguous() else weight.contiguous()
         bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
-        args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
-                bool(batch_invariant), token_ids.shape, bool(logits32))
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (hidden, weight, bias))
+        why = (epilogue_gemm.reason(rows2d, weight_c, bias_c, bool(batch_invariant), wants_grad) if ids.numel()
+               else "n = 0")
+        epilogue_gemm.record("cublas" if why else "epilogue", why or "")
+        args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
+                bool(batch_invariant), token_ids.shape, bool(logits32), why is None)
         if wants_grad:
             logp, entropy = _FusedLinearLogp.apply(*args, requested)
         else:
