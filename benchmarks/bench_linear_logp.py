@@ -30,6 +30,13 @@ on the base commit):
   opt-entropy-fwd                     token_ids=None, return_entropy=True: the entropy alone, no grad;
   opt-all-fwdbwd                      per-row temperature + softcap + logit_scale + all outputs.
   The error columns of these rows compare with float64 of the same transform (opt-entropy-fwd: entropy only).
+  proc-SPEC-fwd, proc-SPEC-fwdbwd   linear_logp's processed mode (issue 39), SPEC one of
+                topk50 (top_k=50), topk1024-topp (top_k=1024, top_p=0.9), topk50-minp (top_k=50, min_p=0.05),
+                topp (top_p=0.9 alone), minp (min_p=0.05 alone); the ids are each row's argmax (kept), the error
+                columns against float64 logits through rlkernel.logp's native processed code; the note gives the
+                ratio to the plain fwd (targets <= 1.25x with top_k <= 1024, <= 2.2x top_p alone) and, for fwdbwd,
+                the backward alone (fwdbwd - fwd) against the plain one's (target <= 1.1x). Not in the default set:
+                --methods fwd,fwdbwd,proc-topk50-fwd,proc-topk50-fwdbwd,... (fwd and fwdbwd first, for the notes).
 --logits-dtype (comma-separated, default "bf16"): "bf16" is the default contract (logits in the inputs' dtype,
 ``logits_dtype=None``), "float32" ``logits_dtype=torch.float32``; every method that has the choice runs once per
 value (rlkernel's methods; torch-* with float32 is PyTorch's float32 head, ``hidden.float() @ weight.float().T`` with
@@ -74,14 +81,17 @@ DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdb
                    "liger"]
 OPTION_METHODS = ["opt-rowT-fwd", "opt-rowT-fwdbwd", "opt-softcap-fwd", "opt-softcap-fwdbwd", "opt-scale-fwd",
                   "opt-scale-fwdbwd", "opt-outputs-fwd", "opt-entropy-fwd", "opt-all-fwdbwd"]
-ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"] + OPTION_METHODS
+PROCESSED = {"topk50": dict(top_k=50), "topk1024-topp": dict(top_k=1024, top_p=0.9),
+             "topk50-minp": dict(top_k=50, min_p=0.05), "topp": dict(top_p=0.9), "minp": dict(min_p=0.05)}
+PROCESSED_METHODS = [f"proc-{spec}-{kind}" for spec in PROCESSED for kind in ("fwd", "fwdbwd")]
+ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"] + OPTION_METHODS + PROCESSED_METHODS
 TEMPERATURE = 1.0  # --temperature sets it
 SOFTCAP, LOGIT_SCALE = 30.0, 0.0625  # --softcap, --logit-scale set them
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
 EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "both": (None, 0), "all": (None, 0, 1)}  # configs
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
-                     "native-fwdbwd", *OPTION_METHODS)
+                     "native-fwdbwd", *OPTION_METHODS, *PROCESSED_METHODS)
 
 
 class Case:
@@ -101,6 +111,34 @@ class Case:
     def zero_grads(self):
         self.hidden.grad = None
         self.weight.grad = None
+
+    def argmax_ids(self):
+        """Each row's argmax (kept by every filter): the processed methods' ids, computed once (2048 rows at a time)."""
+        if getattr(self, "_argmax", None) is None:
+            with torch.no_grad():
+                self._argmax = torch.cat([(self.hidden[r0:r0 + 2048] @ self.weight.t()).argmax(-1)
+                                          for r0 in range(0, self.n, 2048)])
+        return self._argmax
+
+
+def exact_processed(case, rows: int, temperature: float, filters: dict):
+    """(logp, entropy) of the processed mode from float64 logits of the same 16-bit inputs (rlkernel.logp's native
+    processed code in float64; 256 rows at a time), at the argmax ids."""
+    import rlkernel
+
+    c = case
+    w = c.weight.detach().double()
+    ids = c.argmax_ids()
+    lps, ents = [], []
+    with torch.no_grad():
+        for r0 in range(0, min(rows, c.n), 256):
+            r1 = min(rows, c.n, r0 + 256)
+            logits = c.hidden[r0:r1].detach().double() @ w.t()
+            lp, ent = rlkernel.logp(logits, ids[r0:r1], temperature=temperature, return_entropy=True,
+                                    backend="native", **filters)
+            lps.append(lp.double())
+            ents.append(ent.double())
+    return torch.cat(lps), torch.cat(ents)
 
 
 def option_kwargs(name: str, case) -> tuple[dict, tuple]:
@@ -148,7 +186,12 @@ def errors_vs_exact(out, exact, name):
     else:
         lp, ent = out[:2] if isinstance(out, tuple) else (out, None)
     rows = exact[0].shape[0]
-    e_lp = None if lp is None else (lp.detach()[:rows].double() - exact[0]).abs().max().item()
+    if lp is None:
+        e_lp = None
+    else:
+        d = lp.detach()[:rows].double() - exact[0]
+        d = d[~(torch.isinf(lp.detach()[:rows]) & (lp.detach()[:rows] == exact[0]))]  # processed: -inf off the kept set
+        e_lp = d.abs().max().item() if d.numel() else 0.0
     e_ent = None if ent is None else (ent.detach()[:rows].double() - exact[1]).abs().max().item()
     return e_lp, e_ent
 
@@ -237,6 +280,19 @@ def _method(name, case, logits_dtype=None):
         return _liger(c)
     if name in OPTION_METHODS:
         return _option_method(name, c, logits_dtype)
+    if name.startswith("proc-"):
+        spec, kind = name[len("proc-"):].rsplit("-", 1)
+        filters, grad = PROCESSED[spec], kind == "fwdbwd"
+        ids = c.argmax_ids()
+
+        def run():
+            with torch.set_grad_enabled(grad):
+                lp, ent = rlkernel.linear_logp(c.hidden, c.weight, ids, temperature=TEMPERATURE, return_entropy=True,
+                                               backend="fused", logits_dtype=logits_dtype, **filters)
+                if grad:
+                    torch.autograd.backward([lp, ent], [c.gl, c.gh])
+            return lp.detach(), ent.detach()
+        return run, c.zero_grads, 3 if grad else 1, (c.grad_bytes if grad else 0) + 8 * c.n, None
     raise CliError(f"unknown method {name!r}")
 
 
@@ -293,6 +349,22 @@ def _liger(c):
         run, label = run_sum, "sum"
     c.zero_grads()
     return run, c.zero_grads, 3, c.grad_bytes + 4 * c.n, label
+
+
+def _processed_note(name, lname, ms, times):
+    """The processed method's ratio to the plain one (and, for fwdbwd, the backward alone against the plain's)."""
+    spec, kind = name[len("proc-"):].rsplit("-", 1)
+    plain = times.get((kind, lname))
+    if plain is None:
+        return "run fwd / fwdbwd first for the ratio"
+    if kind == "fwd":
+        target = "2.2x" if spec == "topp" or spec == "minp" else "1.25x"
+        return f"{ms / plain:.3f}x plain fwd (target <= {target})"
+    proc_fwd, plain_fwd = times.get((f"proc-{spec}-fwd", lname)), times.get(("fwd", lname))
+    note = f"{ms / plain:.3f}x plain fwdbwd"
+    if proc_fwd is not None and plain_fwd is not None and plain > plain_fwd:
+        note += f"; bwd {(ms - proc_fwd) / (plain - plain_fwd):.3f}x plain bwd (target <= 1.1x)"
+    return note
 
 
 def _list_kernels(case):
@@ -421,9 +493,15 @@ def main(argv=None) -> int:
                     prep()
                     result = run.values() if hasattr(run, "values") else run()
                     t_ref = 1.0 if name == "liger" else TEMPERATURE
-                    key = (t_ref, option_kwargs(name, case)[1] if name in OPTION_METHODS else (1.0, None))
-                    if key not in exact:
-                        exact[key] = exact_values(case, args.error_rows, *key)
+                    if name.startswith("proc-"):
+                        key = (TEMPERATURE, name.rsplit("-", 1)[0])
+                        if key not in exact:
+                            exact[key] = exact_processed(case, args.error_rows, TEMPERATURE,
+                                                         PROCESSED[key[1][len("proc-"):]])
+                    else:
+                        key = (t_ref, option_kwargs(name, case)[1] if name in OPTION_METHODS else (1.0, None))
+                        if key not in exact:
+                            exact[key] = exact_values(case, args.error_rows, *key)
                     e_lp, e_ent = errors_vs_exact(result, exact[key], name)
                     del result
                 except torch.OutOfMemoryError:
@@ -452,6 +530,8 @@ def main(argv=None) -> int:
                 missed = sorted({why for (kernel, why) in epilogue_gemm.records() if kernel == "cublas"})
                 if epi is not None and missed:
                     note = f"epilogue GEMM not taken: {'; '.join(missed)}; {note}"
+                if name.startswith("proc-"):
+                    note = _processed_note(name, lname, ms, times)
                 if name == "liger" and note == "sum":
                     note = "reduction=sum (per-token output unsupported by this version)"
                 print(f"{shape_txt:>20} {label:>14} {lname:>7} {ms:9.2f} {ratio:9.3f} {tflops:8.1f} {extra / 1e9:9.3f} "

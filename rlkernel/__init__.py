@@ -8,11 +8,12 @@ Every op call leaves a dispatch record saying which path ran (see ``rlkernel.dis
 import importlib
 
 __version__ = "0.1.0"
-__all__ = ["logp", "linear_logp", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
+__all__ = ["logp", "linear_logp", "linear_logits", "sample", "check_errors", "dispatch", "FusedKernelUnavailable",
            "FallbackWarning", "linear_logp_loss", "phase", "step", "step_begin", "step_end", "fused_status",
            "integrations", "__version__"]
 
 _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.linear_logp", "linear_logp"),
+         "linear_logits": ("rlkernel.ops.linear_logits", "linear_logits"),
          "linear_logp_loss": ("rlkernel.ops.linear_logp_loss", "linear_logp_loss"),
          "sample": ("rlkernel.ops.sampling", "sample"),
          "check_errors": ("rlkernel.errors", "check_errors"), "dispatch": ("rlkernel.dispatch", None),

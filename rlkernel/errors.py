@@ -162,7 +162,8 @@ def describe(key: int, op_code: int, value: int) -> Exception:
         argument = ARGUMENTS[value] if 0 <= value < len(ARGUMENTS) else f"argument #{value}"
         if argument not in ARGUMENTS:
             return ValueError(f"{op}: {argument} of row {flat} is out of range [{which}]")
-        return bad_arg_error(op, argument, flat, note=f" [{which}]")
+        row = flat + sum(offset) if call is not None and call[0] == seq else flat  # a chunk's rows: the call's
+        return bad_arg_error(op, argument, row, note=f" [{which}]")
     return bad_id_error(where, value, vocab, op, f" [{which}]")
 
 

@@ -252,7 +252,7 @@ def test_bad_arguments_raise_before_any_work():
         (dict(token_ids=ids.float()), TypeError, "token_ids"),
         (dict(token_ids=ids[:1]), ValueError, "token_ids shape"),
         (dict(loss_fn=3), TypeError, "loss_fn"),
-        (dict(temperature=0.0), ValueError, "temperature"),
+        (dict(temperature=-1.0), ValueError, "temperature"),  # T = 0: the processed (greedy) mode
         (dict(temperature="1"), TypeError, "temperature"),
         (dict(ignore_index=1.5), TypeError, "ignore_index"),
         (dict(reduction="max"), ValueError, "reduction"),

@@ -171,7 +171,7 @@ def test_argument_checks_raise_before_any_record():
         (dict(bias=b.long()), TypeError, "bias must be a floating-point"),
         (dict(token_ids=ids.float()), TypeError, "token_ids must be an integer"),
         (dict(token_ids=ids[:1]), ValueError, "token_ids shape"),
-        (dict(temperature=0.0), ValueError, "temperature"),
+        (dict(temperature=-1.0), ValueError, "temperature"),  # T = 0: the processed (greedy) mode
         (dict(temperature=float("nan")), ValueError, "temperature"),
         (dict(temperature=float("inf")), ValueError, "temperature"),
         (dict(temperature="1"), TypeError, "temperature"),

@@ -20,7 +20,8 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
                 temperature=1.0, ignore_index: int = -100, return_entropy: bool = False,
                 softcap: float | None = None, logit_scale: float = 1.0, outputs=(),
                 batch_invariant: bool = False, backend: str = "auto", require_fused: bool = False,
-                logits_dtype: torch.dtype | None = None):
+                logits_dtype: torch.dtype | None = None, top_k=0, top_p=1.0, min_p=0.0, kept_ids=None,
+                kept_offsets=None):
     """``log_softmax((hidden @ weight.T + bias) / temperature)`` at ``token_ids``: float32, shape
     ``hidden.shape[:-1]``; with ``return_entropy=True`` a tuple ``(logp, entropy)``. Gradients flow to hidden,
     weight and bias.
@@ -44,7 +45,26 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     a ``LinearLogpOutput(logp, entropy, log_sum_sq_probs, mean_logit, is_top1)``, None for what is not asked, the
     three statistics without gradient. Fused: all but those three statistics (they run natively, a recorded
     fallback); a softcap keeps float32 logits there (as ``logits_dtype=torch.float32``).
+
+    **Processed mode** (``top_k`` / ``top_p`` / ``min_p`` other than their defaults (numbers or per-row tensors),
+    a temperature of 0, or a kept set; a per-row temperature alone is the plain mode above, T > 0): the log-prob
+    under the filtered distribution ``rlkernel.sample`` draws from, as ``rlkernel.logp(hidden @ weight.T + bias,
+    token_ids, same filters)`` gives it (``-inf`` off the kept set, 0 for a T = 0 row's argmax), the filtered
+    entropy, a backward that holds the kept set fixed; never the N x V logits. ``kept_ids`` / ``kept_offsets``: the
+    rollout's kept set as CSR (vLLM's ``return_sampling_mask``; row i keeps
+    ``kept_ids[kept_offsets[i]:kept_offsets[i + 1]]``) instead of the filters (both: ``ValueError``). With
+    ``batch_invariant=True`` bitwise ``rlkernel.logp(rlkernel.linear_logits(hidden, weight, bias), ...)``.
     """
+    from rlkernel.ops import linear_logp_processed as proc
+
+    if proc.wants_processed(temperature, top_k, top_p, min_p, kept_ids, kept_offsets):
+        proc.check_plain_options(softcap, logit_scale, outputs, token_ids, OP)
+        out, ent = proc.processed(hidden, weight, token_ids, bias=bias, temperature=temperature, top_k=top_k,
+                                  top_p=top_p, min_p=min_p, kept_ids=kept_ids, kept_offsets=kept_offsets,
+                                  ignore_index=ignore_index, return_entropy=return_entropy,
+                                  batch_invariant=batch_invariant, backend=backend, require_fused=require_fused,
+                                  logits_dtype=logits_dtype)
+        return (out, ent) if return_entropy else out
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
     logits32 = check_logits_dtype(logits_dtype)

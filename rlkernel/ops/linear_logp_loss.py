@@ -92,7 +92,7 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
                      chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
                      logits_dtype: torch.dtype | None = None, softcap: float | None = None,
-                     logit_scale: float = 1.0):
+                     logit_scale: float = 1.0, top_k=0, top_p=1.0, min_p=0.0):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
@@ -119,7 +119,22 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     ``temperature`` a number or a per-row tensor of shape ``hidden.shape[:-1]`` (or 0-dim), ``logit_scale`` and
     ``softcap``: as for ``rlkernel.linear_logp`` (``z' = softcap * tanh(z * logit_scale / softcap) / T``, with
     their gradients); these run natively for now (a recorded fallback from the fused path).
+
+    With ``top_k`` / ``top_p`` / ``min_p`` (numbers or per-row tensors) or a zero temperature: ``logp``
+    and ``entropy`` are the processed ones of ``rlkernel.linear_logp`` with the same filters (the sampler's kept
+    set; ``-inf`` log-prob off it: mask it in ``loss_fn``), computed by that op's processed mode, and the gradients
+    flow by plain autograd (backward recomputes the logits). See docs/contracts.md.
     """
+    from rlkernel.ops import linear_logp_processed as proc
+
+    if proc.wants_processed(temperature, top_k, top_p, min_p, None, None):
+        proc.check_plain_options(softcap, logit_scale, (), token_ids, OP)
+        # the temperature is checked with the filters (0 and per-row tensors are allowed there)
+        check_args(hidden, weight, token_ids, loss_fn, bias, 1.0, ignore_index, reduction, chunk_size)
+        return proc.processed_loss(hidden, weight, token_ids, loss_fn, bias=bias, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, min_p=min_p, ignore_index=ignore_index,
+                                   reduction=reduction, chunk_size=chunk_size, backend=backend,
+                                   require_fused=require_fused, logits_dtype=logits_dtype)
     logits32 = check_logits_dtype(logits_dtype)
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
     opts = None

@@ -21,26 +21,59 @@ def _entropy(q: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return -row_sum(torch.where(q > 0, q * logq, torch.zeros_like(q)))
 
 
+def processed_values(f, safe_ids, valid, bad, return_entropy):
+    """(out [N], entropy [N] or None, bad [N]) of the kept set ``f`` (a ``Filtered``, or anything with its ``x``,
+    ``m``, ``log_s``, ``kept``, ``greedy``, ``kept_probs()`` and ``no_distribution()``) at ``safe_ids`` [N]. ``bad``
+    comes back with the rows without a distribution added (NaN, and NaN gradients from ``processed_grad``); an
+    ignored row (not ``valid``) stays 0. Shared with rlkernel.linear_logp's processed mode: the same bits."""
+    n = safe_ids.numel()
+    # a row without a distribution (a NaN, no finite logit, at T > 0 a +inf one) is NaN, as on the plain path;
+    # saved with the bad rows, so its gradient is NaN too (an ignored row stays 0)
+    bad = bad | (valid & f.no_distribution())
+    ids = safe_ids.view(n, 1)
+    kept_id = f.kept.gather(-1, ids).view(n)
+    logq = f.x - f.m - f.log_s  # log q over the row (meaningful on the kept set)
+    nan = torch.full((), float("nan"), dtype=logq.dtype, device=logq.device)
+    zero = torch.zeros((), dtype=logq.dtype, device=logq.device)
+    out = torch.where(f.greedy, zero, logq.gather(-1, ids).view(n))
+    out = torch.where(kept_id, out, torch.full_like(out, float("-inf")))
+    out = torch.where(bad, nan, torch.where(valid, out, zero))
+    ent = None
+    if return_entropy:
+        ent = torch.where(f.greedy, zero, _entropy(f.kept_probs(), logq))
+        ent = torch.where(bad, nan, torch.where(valid, ent, zero))
+    return out, ent, bad
+
+
+def processed_grad(f, safe_ids, valid, bad, grad_logp, grad_ent):
+    """d loss / d logits [N, V] (compute dtype) for the kept set ``f`` held fixed: ``grad_logp`` / ``grad_ent`` ([N]
+    or None) the incoming gradients; 0 for ignored and T = 0 rows and off the kept set, NaN on ``bad`` rows."""
+    n = safe_ids.numel()
+    ids = safe_ids.view(n, 1)
+    kept_id = f.kept.gather(-1, ids)
+    q = f.kept_probs()
+    live = (valid & ~f.greedy).view(n, 1)  # T = 0 rows are constant: no gradient
+    grad = torch.zeros_like(q)
+    if grad_logp is not None:
+        onehot = torch.zeros_like(q).scatter_(-1, ids, 1.0)
+        g = grad_logp.reshape(n, 1).to(q.dtype)
+        grad = grad + torch.where(kept_id, g * (onehot - q), torch.zeros_like(q))
+    if grad_ent is not None:
+        logq = f.x - f.m - f.log_s
+        h = _entropy(q, logq).unsqueeze(-1)
+        # dH/dx_j = -q_j (log q_j + H) on the kept set
+        term = torch.where(q > 0, q * (logq + h), torch.zeros_like(q))
+        grad = grad - grad_ent.reshape(n, 1).to(q.dtype) * term
+    grad = torch.where(live, grad * f.scale, torch.zeros_like(grad))  # d x / d logits = 1 / T
+    return torch.where(bad.view(n, 1), torch.full_like(grad, float("nan")), grad)
+
+
 class _ProcessedLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, safe_ids, valid, bad, settings, return_entropy, record):
         n, vocab = safe_ids.numel(), logits.shape[-1]
         f = Filtered(logits.reshape(n, vocab), *settings)
-        # a row without a distribution (a NaN, no finite logit, at T > 0 a +inf one) is NaN, as on the plain path;
-        # saved with the bad rows, so its gradient is NaN too (an ignored row stays 0)
-        bad = bad | (valid & f.no_distribution())
-        ids = safe_ids.view(n, 1)
-        kept_id = f.kept.gather(-1, ids).view(n)
-        logq = f.x - f.m - f.log_s  # log q over the row (meaningful on the kept set)
-        nan = torch.full((), float("nan"), dtype=logq.dtype, device=logq.device)
-        zero = torch.zeros((), dtype=logq.dtype, device=logq.device)
-        out = torch.where(f.greedy, zero, logq.gather(-1, ids).view(n))
-        out = torch.where(kept_id, out, torch.full_like(out, float("-inf")))
-        out = torch.where(bad, nan, torch.where(valid, out, zero))
-        ent = None
-        if return_entropy:
-            ent = torch.where(f.greedy, zero, _entropy(f.kept_probs(), logq))
-            ent = torch.where(bad, nan, torch.where(valid, ent, zero))
+        out, ent, bad = processed_values(f, safe_ids, valid, bad, return_entropy)
         ctx.save_for_backward(logits, safe_ids, valid, bad)
         ctx.settings, ctx.record = settings, record
         return out, ent
@@ -57,23 +90,7 @@ class _ProcessedLogp(torch.autograd.Function):
             if vocab == 0:
                 return (torch.zeros_like(logits),) + (None,) * 6
             f = Filtered(logits.reshape(n, vocab), *ctx.settings)  # the same kept set as the forward, bit for bit
-            ids = safe_ids.view(n, 1)
-            kept_id = f.kept.gather(-1, ids)
-            q = f.kept_probs()
-            live = (valid & ~f.greedy).view(n, 1)  # T = 0 rows are constant: no gradient
-            grad = torch.zeros_like(q)
-            if grad_logp is not None:
-                onehot = torch.zeros_like(q).scatter_(-1, ids, 1.0)
-                g = grad_logp.reshape(n, 1).to(q.dtype)
-                grad = grad + torch.where(kept_id, g * (onehot - q), torch.zeros_like(q))
-            if grad_ent is not None:
-                logq = f.x - f.m - f.log_s
-                h = _entropy(q, logq).unsqueeze(-1)
-                # dH/dx_j = -q_j (log q_j + H) on the kept set
-                term = torch.where(q > 0, q * (logq + h), torch.zeros_like(q))
-                grad = grad - grad_ent.reshape(n, 1).to(q.dtype) * term
-            grad = torch.where(live, grad * f.scale, torch.zeros_like(grad))  # d x / d logits = 1 / T
-            grad = torch.where(bad.view(n, 1), torch.full_like(grad, float("nan")), grad)
+            grad = processed_grad(f, safe_ids, valid, bad, grad_logp, grad_ent)
         return (grad.to(logits.dtype).view(logits.shape),) + (None,) * 6
 
 
