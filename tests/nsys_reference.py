@@ -13,7 +13,8 @@ import pandas as pd
 
 DATA = pathlib.Path(__file__).resolve().parent / "data"
 CASES = ("nvtx_mix", "verdicts", "graphs", "multiproc", "no_nvtx", "no_cuda", "verl_ranges", "sync_loop",
-         "ranks/rank0", "ranks/rank1", "ranks/rank2", "capture_trl", "capture_torchrun", "capture_steps")
+         "ranks/rank0", "ranks/rank1", "ranks/rank2", "capture_trl", "capture_torchrun", "capture_steps",
+         "capture_liger")
 
 
 def trace_path(case: str) -> pathlib.Path:

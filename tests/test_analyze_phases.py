@@ -405,8 +405,6 @@ def test_the_liger_capture_names_ligers_logprob_kernels():
     log_softmax are not."""
     import fnmatch
 
-    if not (LIGER / "trace.sqlite").is_file():  # until the H200 capture is committed (then this line goes)
-        pytest.skip("no tests/data/capture_liger yet: tools/make_capture_fixtures.sh OUTDIR liger on the H200")
     res = analysis.analyze(analysis.Source(LIGER / "trace.sqlite"), phases=[])
     check_against_nvidia(LIGER, res)
     p = res.tables["phases"].set_index("name")
