@@ -12,6 +12,13 @@
 //   launcher only returns "built without CUTLASS" and the op falls back to the cuBLAS path.
 // - Deterministic and row-independent: no split-K / stream-K (the persistent data-parallel tile scheduler), every
 //   row's partials are reduced in a fixed order, so a row's results depend neither on N nor on its position.
+// NDEBUG before any include: CUTLASS / CuTe's device asserts are calls (__assertfail) inside the mainloop, and a call
+// there makes ptxas serialize every wgmma (C7510, "wgmma pipeline crossing function boundary"); torch's extension
+// build does not define it for nvcc.
+#ifndef NDEBUG
+#define NDEBUG 1
+#endif
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
