@@ -160,6 +160,7 @@ class SoftmaxPartialEpilogue {
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    // two inlined variants only: four (a bias template too) made ptxas spill in every config
     if (params_.entropy) {
       fold<true>(problem_shape_mnkl, blk_shape_mnk, blk_coord_mnkl, acc, tiled_mma, thread_idx);
     } else {
@@ -210,7 +211,8 @@ class SoftmaxPartialEpilogue {
         const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
         const bool row_ok = row < M;
         const long long id = row_ok ? params_.ids[row] : -1;
-        // pass 1: the max of y = x * c over this thread's columns, and the target's x
+        // pass 1: the max of x over this thread's columns (times c after: c > 0 and rounding is monotonic, so
+        // max(x) * c = max(x * c), as the fold kernel takes it), and the target's x
         float mx = -INFINITY;
         float xt = 0.0f;
         CUTLASS_PRAGMA_UNROLL
@@ -223,13 +225,14 @@ class SoftmaxPartialEpilogue {
               const int col = get<1>(tc(idx));
               if (col < N) {
                 const float x = bias ? acc(idx) + static_cast<float>(bias[col]) : acc(idx);
-                mx = max_nan(mx, x * c);
+                mx = max_nan(mx, x);
                 if (col == id) xt = x;
               }
             }
           }
         }
         // pass 2: sum-exp (and the entropy term) against this thread's reference
+        mx *= c;
         const float ref = state_ref(mx);
         float s = 0.0f, t = 0.0f;
         CUTLASS_PRAGMA_UNROLL
