@@ -203,6 +203,17 @@ class SoftmaxPartialEpilogue {
     const float c = params_.c;
     const int tile_idx = static_cast<int>(n_coord);  // this column tile: the partial's index in its row
     const bool quad_leader = (threadIdx.x % 4) == 0;
+    // every row's id loaded up front (their latencies overlap), as a 32-bit target column (-1: none in [0, N))
+    int target[kMM][2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mm = 0; mm < kMM; ++mm) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
+        const long long id = row < M ? params_.ids[row] : -1;
+        target[mm][v1] = (id >= 0 && id < N) ? static_cast<int>(id) : -1;
+      }
+    }
 
     CUTLASS_PRAGMA_UNROLL
     for (int mm = 0; mm < kMM; ++mm) {
@@ -210,7 +221,7 @@ class SoftmaxPartialEpilogue {
       for (int v1 = 0; v1 < 2; ++v1) {
         const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
         const bool row_ok = row < M;
-        const long long id = row_ok ? params_.ids[row] : -1;
+        const int id = target[mm][v1];
         // pass 1: the max of x over this thread's columns (times c after: c > 0 and rounding is monotonic, so
         // max(x) * c = max(x * c), as the fold kernel takes it), and the target's x
         float mx = -INFINITY;
