@@ -51,10 +51,11 @@ Each time is the median of --repeat runs, each timed by its own pair of CUDA eve
 are reset outside the events. TFLOP/s counts 2NHV per GEMM's worth of model work (forward 1, forward+backward 3).
 Peak extra memory: the allocator's peak during one run minus what was allocated before it, less the returned
 gradients (hidden and weight) and the outputs. RLKERNEL_VALIDATE=0 while timing is not needed: nothing here syncs.
---epilogue (off / on / pingpong / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-* methods with
-the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``): "on" its cooperative config (rows
-METHOD+epi), "pingpong" its ping-pong config (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "both" the cuBLAS path and
-"on", "all" the three; a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
+--epilogue (off / on / pingpong / cluster / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-*
+methods with the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``): "on" its cooperative config
+(rows METHOD+epi), "pingpong" its ping-pong config (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "cluster" the
+cooperative one in 2 x 1 clusters (``CONFIG = 2``, bf16; rows METHOD+epi-c2), "both" the cuBLAS path and "on", "all"
+the four; a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
 throughput), beside the cuBLAS path's:
     ncu --kernel-name regex:'rlkernel_linear_logp_epilogue|nvjet|gemm|rlkernel_linear_logp_fold' --launch-skip 3 \
         --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
@@ -89,7 +90,8 @@ TEMPERATURE = 1.0  # --temperature sets it
 SOFTCAP, LOGIT_SCALE = 30.0, 0.0625  # --softcap, --logit-scale set them
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
-EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "both": (None, 0), "all": (None, 0, 1)}  # configs
+EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "cluster": (2,), "both": (None, 0),
+                    "all": (None, 0, 1, 2)}  # None: the cuBLAS path, else the epilogue GEMM's config
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                      "native-fwdbwd", *OPTION_METHODS, *PROCESSED_METHODS)
 
@@ -474,13 +476,13 @@ def main(argv=None) -> int:
                                  for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))]:
                 epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epi is not None, epi or 0
                 epilogue_gemm.reset_records()
-                label = name + {None: "", 0: "+epi", 1: "+epi-pp"}[epi]
+                label = name + {None: "", 0: "+epi", 1: "+epi-pp", 2: "+epi-c2"}[epi]
                 run, prep, gemms, subtract, note = _method(name, case, LOGITS_DTYPES.get(lname))
                 shape_txt = f"{n}x{h}x{v}"
                 cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
                        f"--dtype {args.dtype} --repeat {args.repeat} --logits-dtype {lname} "
                        f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}"
-                       + {None: "", 0: " --epilogue on", 1: " --epilogue pingpong"}[epi])
+                       + {None: "", 0: " --epilogue on", 1: " --epilogue pingpong", 2: " --epilogue cluster"}[epi])
                 blank = dict(shape=shape_txt, method=label, logits_dtype=lname, ms="", x_matmul="", tflops="",
                              extra_gb="", logp_err="", entropy_err="")
                 if run is None:

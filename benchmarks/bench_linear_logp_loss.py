@@ -12,7 +12,7 @@ Methods (each a row; the reproduction command is printed beside it):
 - ``loss-epi``, ``fwd-loss-epi`` / ``fwd-loss``: ``loss`` with the epilogue GEMM's forward (issue 37,
   ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; the backward recomputes the chunk's float32 logits), and the loss
   without gradients (forward half only) with and without it; ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
-  config (``CONFIG = 1``, bf16);
+  config (``CONFIG = 1``, bf16); ``loss-epi-c2``, ``fwd-loss-epi-c2``: its 2 x 1 cluster config (``CONFIG = 2``);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).
 Median of --repeat runs, each timed by its own pair of CUDA events after --warmup runs; gradients reset to None
@@ -36,7 +36,7 @@ from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside t
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
 METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "fwd-loss", "fwd-loss-epi", "loss-epi-pp",
-           "fwd-loss-epi-pp")
+           "fwd-loss-epi-pp", "loss-epi-c2", "fwd-loss-epi-c2")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
 
 
@@ -111,6 +111,8 @@ def make_methods(n, h, v, dtype, args):
     out["fwd-loss-epi"] = loss("fused", epilogue=True, grad=False)
     out["loss-epi-pp"] = loss("fused", epilogue=True, config=1)
     out["fwd-loss-epi-pp"] = loss("fused", epilogue=True, grad=False, config=1)
+    out["loss-epi-c2"] = loss("fused", epilogue=True, config=2)
+    out["fwd-loss-epi-c2"] = loss("fused", epilogue=True, grad=False, config=2)
 
     def liger():
         try:

@@ -12,6 +12,13 @@
 //   launcher only returns "built without CUTLASS" and the op falls back to the cuBLAS path.
 // - Deterministic and row-independent: no split-K / stream-K (the persistent data-parallel tile scheduler), every
 //   row's partials are reduced in a fixed order, so a row's results depend neither on N nor on its position.
+// NDEBUG before any include: CUTLASS / CuTe's device asserts are calls (__assertfail) inside the mainloop, and a call
+// there makes ptxas serialize every wgmma (C7510, "wgmma pipeline crossing function boundary"); torch's extension
+// build does not define it for nvcc.
+#ifndef NDEBUG
+#define NDEBUG 1
+#endif
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -153,6 +160,7 @@ class SoftmaxPartialEpilogue {
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                                  BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    // two inlined variants only: four (a bias template too) made ptxas spill in every config
     if (params_.entropy) {
       fold<true>(problem_shape_mnkl, blk_shape_mnk, blk_coord_mnkl, acc, tiled_mma, thread_idx);
     } else {
@@ -193,8 +201,19 @@ class SoftmaxPartialEpilogue {
     static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "accumulator / coordinate mismatch");
     const TB* bias = static_cast<const TB*>(params_.bias);
     const float c = params_.c;
-    const int tile_n = static_cast<int>(n_coord);
+    const int tile_idx = static_cast<int>(n_coord);  // this column tile: the partial's index in its row
     const bool quad_leader = (threadIdx.x % 4) == 0;
+    // every row's id loaded up front (their latencies overlap), as a 32-bit target column (-1: none in [0, N))
+    int target[kMM][2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int mm = 0; mm < kMM; ++mm) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v1 = 0; v1 < 2; ++v1) {
+        const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
+        const long long id = row < M ? params_.ids[row] : -1;
+        target[mm][v1] = (id >= 0 && id < N) ? static_cast<int>(id) : -1;
+      }
+    }
 
     CUTLASS_PRAGMA_UNROLL
     for (int mm = 0; mm < kMM; ++mm) {
@@ -202,8 +221,9 @@ class SoftmaxPartialEpilogue {
       for (int v1 = 0; v1 < 2; ++v1) {
         const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
         const bool row_ok = row < M;
-        const long long id = row_ok ? params_.ids[row] : -1;
-        // pass 1: the max of y = x * c over this thread's columns, and the target's x
+        const int id = target[mm][v1];
+        // pass 1: the max of x over this thread's columns (times c after: c > 0 and rounding is monotonic, so
+        // max(x) * c = max(x * c), as the fold kernel takes it), and the target's x
         float mx = -INFINITY;
         float xt = 0.0f;
         CUTLASS_PRAGMA_UNROLL
@@ -216,13 +236,14 @@ class SoftmaxPartialEpilogue {
               const int col = get<1>(tc(idx));
               if (col < N) {
                 const float x = bias ? acc(idx) + static_cast<float>(bias[col]) : acc(idx);
-                mx = max_nan(mx, x * c);
+                mx = max_nan(mx, x);
                 if (col == id) xt = x;
               }
             }
           }
         }
         // pass 2: sum-exp (and the entropy term) against this thread's reference
+        mx *= c;
         const float ref = state_ref(mx);
         float s = 0.0f, t = 0.0f;
         CUTLASS_PRAGMA_UNROLL
@@ -256,29 +277,36 @@ class SoftmaxPartialEpilogue {
           xt += __shfl_xor_sync(0xffffffffu, xt, off);
         }
         if (row_ok && quad_leader) {
-          params_.partial[static_cast<long long>(row) * params_.tiles + tile_n] = make_float4(st.m, st.s, st.t, xt);
+          params_.partial[static_cast<long long>(row) * params_.tiles + tile_idx] =
+              make_float4(st.m, st.s, st.t, xt);
         }
       }
     }
   }
 };
 
-// Two configs, cluster 1 x 1 x 1 (a plain launch), stages by what shared memory holds (128 accumulator registers
-// per thread in both):
+// Three configs, stages by what shared memory holds, 128 accumulator registers per thread in each:
 // 0 (cooperative): 128 x 256 x 64 tiles, 2 consumer warpgroups of 64 x 256 each; the epilogue stalls the tensor cores;
 // 1 (ping-pong, bf16 only): 128 x 128 x 64 tiles, one warpgroup per tile, the two alternating, so one's epilogue runs
-//   under the other's mainloop.
+//   under the other's mainloop;
+// 2 (cooperative, cluster 2 x 1, bf16 only): config 0 with pairs of CTAs along M sharing each weight tile (TMA
+//   multicast: half the weight's L2 reads), launched as clusters.
+using Cluster1 = cute::Shape<cute::_1, cute::_1, cute::_1>;
 struct Cooperative {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
   using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using ClusterShape = Cluster1;
   static constexpr int kTileN = 256;
 };
 struct PingPong {
   using TileShape = cute::Shape<cute::_128, cute::_128, cute::_64>;
   using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using ClusterShape = Cluster1;
   static constexpr int kTileN = 128;
 };
-using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+struct CooperativeCluster2 : Cooperative {
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+};
 constexpr int kAlign = 8;  // 16 bytes of 16-bit elements: TMA's stride alignment
 
 template <typename T, class Config>
@@ -287,7 +315,7 @@ struct Gemm {
   using Epilogue = cutlass::epilogue::collective::detail::Sm90TmaWarpSpecializedAdapter<SoftmaxPartialEpilogue<T>>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TB, cutlass::layout::RowMajor, kAlign, TB,
-      cutlass::layout::ColumnMajor, kAlign, float, typename Config::TileShape, ClusterShape,
+      cutlass::layout::ColumnMajor, kAlign, float, typename Config::TileShape, typename Config::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename SoftmaxPartialEpilogue<T>::SharedStorage))>,
       typename Config::Schedule>::CollectiveOp;
@@ -343,14 +371,32 @@ const char* launch_gemm(const LinearEpilogueArgs& a, cudaStream_t stream, int sm
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) {
     return launch::last_error();
   }
-  kernel<<<K::get_grid_shape(params), K::get_block_shape(), smem, stream>>>(params);
+  using Cluster = typename Config::ClusterShape;
+  constexpr unsigned cluster_m = cute::size<0>(Cluster{}), cluster_n = cute::size<1>(Cluster{});
+  if constexpr (cluster_m * cluster_n == 1) {
+    kernel<<<K::get_grid_shape(params), K::get_block_shape(), smem, stream>>>(params);
+  } else {  // a cluster launch (the grid is a whole number of clusters: the tile scheduler's grid)
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = K::get_grid_shape(params);
+    cfg.blockDim = K::get_block_shape();
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = cluster_m;
+    attr[0].val.clusterDim.y = cluster_n;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (cudaLaunchKernelEx(&cfg, kernel, params) != cudaSuccess) return launch::last_error();
+  }
   return launch::last_error();
 }
 
 }  // namespace
 #endif  // RLKERNEL_HAS_CUTLASS
 
-int64_t linear_logp_epilogue_tile_n(int config) { return config == 1 ? 128 : 256; }
+int64_t linear_logp_epilogue_tile_n(int config) { return config == 1 ? 128 : 256; }  // 0, 2: 256
 
 int64_t linear_logp_epilogue_tiles(int64_t vocab, int config) {
   const int64_t n = linear_logp_epilogue_tile_n(config);
@@ -362,9 +408,9 @@ bool linear_logp_epilogue_built() { return RLKERNEL_HAS_CUTLASS != 0; }
 const char* linear_logp_epilogue(const LinearEpilogueArgs& a) {
   if (a.n_rows == 0) return nullptr;
 #if RLKERNEL_HAS_CUTLASS
-  static_assert(epilogue_gemm::Cooperative::kTileN == 256 && epilogue_gemm::PingPong::kTileN == 128,
-                "linear_logp_epilogue_tile_n");
-  if (a.config != 0 && a.config != 1) return "epilogue GEMM: config must be 0 (cooperative) or 1 (ping-pong)";
+  static_assert(epilogue_gemm::Cooperative::kTileN == 256 && epilogue_gemm::PingPong::kTileN == 128 &&
+                epilogue_gemm::CooperativeCluster2::kTileN == 256, "linear_logp_epilogue_tile_n");
+  if (a.config < 0 || a.config > 2) return "epilogue GEMM: config must be 0, 1 or 2";
   auto stream = static_cast<cudaStream_t>(a.stream);
   int major = 0, minor = 0, sms = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, a.device) != cudaSuccess ||
@@ -382,10 +428,11 @@ const char* linear_logp_epilogue(const LinearEpilogueArgs& a) {
   }
   const char* err = nullptr;
   if (a.dtype == ElemType::kBFloat16) {
-    err = a.config == 1 ? launch_gemm<__nv_bfloat16, epilogue_gemm::PingPong>(a, stream, sms)
-                        : launch_gemm<__nv_bfloat16, epilogue_gemm::Cooperative>(a, stream, sms);
+    err = a.config == 1   ? launch_gemm<__nv_bfloat16, epilogue_gemm::PingPong>(a, stream, sms)
+          : a.config == 2 ? launch_gemm<__nv_bfloat16, epilogue_gemm::CooperativeCluster2>(a, stream, sms)
+                          : launch_gemm<__nv_bfloat16, epilogue_gemm::Cooperative>(a, stream, sms);
   } else if (a.dtype == ElemType::kFloat16) {
-    if (a.config != 0) return "epilogue GEMM: the ping-pong config is built for bfloat16 only";
+    if (a.config != 0) return "epilogue GEMM: configs 1 and 2 are built for bfloat16 only";
     err = launch_gemm<__half, epilogue_gemm::Cooperative>(a, stream, sms);
   } else {
     return "epilogue GEMM: bfloat16 / float16 inputs only";

@@ -175,7 +175,7 @@ void pack(const Tensor& src, Tensor& dst) {
 void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
               Tensor& partial, Tensor& logp, Tensor& entropy, Tensor& stats, double temperature, int64_t ignore_index,
               int64_t row0, int64_t error_record, int64_t error_seq, int64_t config) {
-  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
+  TORCH_CHECK(config >= 0 && config <= 2, kOp, ": epilogue: config must be 0, 1 or 2");
   TORCH_CHECK(hidden.is_cuda() && hidden.dim() == 2 && (hidden.size(1) <= 1 || hidden.stride(1) == 1), kOp,
               ": epilogue: hidden must be CUDA [N, H] with a contiguous last dim");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(1) &&
@@ -223,7 +223,7 @@ void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Te
 }
 
 int64_t epilogue_tiles(int64_t vocab, int64_t config) {
-  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
+  TORCH_CHECK(config >= 0 && config <= 2, kOp, ": epilogue: config must be 0, 1 or 2");
   return rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config));
 }
 

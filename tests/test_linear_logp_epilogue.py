@@ -25,7 +25,7 @@ from rlkernel import dispatch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.fixture(params=[0, 1], ids=["cooperative", "pingpong"])
+@pytest.fixture(params=[0, 1, 2], ids=["cooperative", "pingpong", "cluster2"])
 def epi(request, monkeypatch):
     """The fused module with the epilogue GEMM switched on in each config (its records reset; float16 runs config
     0 either way); the switches restored after."""

@@ -61,6 +61,12 @@ for cu in "${cu_files[@]}"; do
     -Xptxas=-warn-spills \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
     -c "$cu" -o "$out/$(basename "$cu").o"
+  # ptxas's note that it serialised the wgmmas (a call or a stray definition inside the mainloop, e.g. a device
+  # assert: csrc/linear_logp_epilogue.cu defines NDEBUG for that) compiles fine but costs the GEMM its speed
+  if grep -q "wgmma.mma_async instructions are serialized" "$out/log"; then
+    echo "compile gate: FAIL $cu: ptxas serialised wgmma instructions:"; grep "serialized" "$out/log" | cut -c1-200
+    fail=1
+  fi
 done
 # the sampler's timeline tool (tools/sampler_timeline.sh): its probed copy of csrc/ and the driver built against it
 if "$PY" tools/sampler_timeline/instrument.py csrc "$out/probed" > "$out/log" 2>&1; then

@@ -63,7 +63,8 @@ struct LinearEpilogueArgs {
   float* stats;              // [n_rows, 2]
   int64_t row0;              // first row in the call (positions in the error record)
   ErrorSink errors;
-  int config;                // 0: cooperative 128 x 256 tiles; 1: ping-pong 128 x 128 (bfloat16 only)
+  int config;                // 0: cooperative 128 x 256 tiles; 1: ping-pong 128 x 128; 2: 0 in 2 x 1 clusters
+                             // (1 and 2: bfloat16 only)
   int device;
   void* stream;
 };

@@ -24,8 +24,9 @@ ENABLED = False  # the lead flips this where it wins (docs/benchmarks.md)
 # each output element's K sum in the same order, and each row's partials merged in a fixed order: a row's results
 # depend neither on N nor on where it sits. False: batch-invariant calls keep the cuBLAS path.
 BATCH_INVARIANT = True
-# the kernel's config: 0 cooperative (128 x 256 tiles, 2 warpgroups per tile), 1 ping-pong (128 x 128 tiles, bfloat16
-# only: float16 runs 0), whose warpgroups alternate so one's epilogue hides under the other's mainloop
+# the kernel's config: 0 cooperative (128 x 256 tiles, 2 warpgroups per tile); 1 ping-pong (128 x 128 tiles), whose
+# warpgroups alternate so one's epilogue hides under the other's mainloop; 2 config 0 in 2 x 1 clusters (TMA
+# multicast of the weight tile). 1 and 2 are built for bfloat16 only (float16 runs 0).
 CONFIG = 0
 PARTIAL_BYTES = 256 << 20  # the [rows, tiles] float4 partials of one launch
 _MIN_BLOCK = 128  # the GEMM's tile M
