@@ -8,6 +8,17 @@
 #include "rlkernel/linear_logp_kernels.cuh"
 
 namespace rlkernel {
+
+// Pass 2: out[col] (+)= the partials in block order.
+__global__ void __launch_bounds__(kColsumThreads) rlkernel_linear_logp_colsum_finish_kernel(
+    const float* __restrict__ partial, int blocks, int cols, float* __restrict__ out, bool accumulate) {
+  const int col = blockIdx.x * kColsumThreads + threadIdx.x;
+  if (col >= cols) return;
+  float s = accumulate ? out[col] : 0.0f;
+  for (int b = 0; b < blocks; ++b) s += partial[static_cast<long long>(b) * cols + col];
+  out[col] = s;
+}
+
 namespace {
 
 using launch::inverse;

@@ -6,12 +6,13 @@
 #   2. every csrc/*.cpp but cuda_stream.cpp and python_module.cpp (library.cpp and the op files: registration only)
 #      with the headers of the installed torch wheel (the CPU one in CI);
 #   3. csrc/python_module.cpp (the Python module) with those and Python's headers (skipped where Python.h is missing);
-#   4. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers).
+#   4. csrc/cuda_stream.cpp only where the installed torch has CUDA (the CPU wheel lacks c10/cuda headers);
+#   5. one relocatable link (ld -r) of all those objects: no symbol defined in two files.
 # Without nvcc it prints "skipped: nvcc not found" and exits 0, unless CI or RLKERNEL_REQUIRE_NVCC is true.
 # Exit codes: 0 all compiled (or skipped), 1 a file failed to compile, 2 a bad CI/RLKERNEL_REQUIRE_NVCC value,
 # 3 a tool is missing (nvcc under CI/RLKERNEL_REQUIRE_NVCC, g++, torch).
 set -uo pipefail
-case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+case "${1:-}" in -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 [ $# -eq 0 ] || { echo "compile_gate.sh: takes no arguments, got: $* (see --help)" >&2; exit 2; }
 cd "$(dirname "$0")/.."
 
@@ -97,5 +98,10 @@ if [ -n "$TORCH_CUDA" ]; then
 else
   echo "compile gate: skip csrc/cuda_stream.cpp (torch $("$PY" -c 'import torch; print(torch.__version__)') has no CUDA headers)"
 fi
+# one relocatable link of every csrc object, as the extension's link puts them together: a symbol two files define
+# (a non-template kernel defined in a shared header) compiles file by file and fails only here
+csrc_objs=("$out"/*.cu.o "$out"/*.cpp.o "$out"/python_module.o "$out"/cuda_stream.o)
+existing=(); for o in "${csrc_objs[@]}"; do [ -e "$o" ] && existing+=("$o"); done
+step "link of ${#existing[@]} csrc objects [ld -r: no symbol defined twice]" ld -r -o "$out/csrc_all.o" "${existing[@]}"
 [ $fail -eq 0 ] && echo "compile gate: passed" || echo "compile gate: FAILED"
 exit $fail

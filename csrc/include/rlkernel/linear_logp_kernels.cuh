@@ -161,15 +161,8 @@ __global__ void __launch_bounds__(kColsumThreads) rlkernel_linear_logp_colsum_ke
   partial[static_cast<long long>(blockIdx.y) * cols + col] = s;
 }
 
-// Pass 2: out[col] (+)= the partials in block order.
-__global__ void __launch_bounds__(kColsumThreads) rlkernel_linear_logp_colsum_finish_kernel(
-    const float* __restrict__ partial, int blocks, int cols, float* __restrict__ out, bool accumulate) {
-  const int col = blockIdx.x * kColsumThreads + threadIdx.x;
-  if (col >= cols) return;
-  float s = accumulate ? out[col] : 0.0f;
-  for (int b = 0; b < blocks; ++b) s += partial[static_cast<long long>(b) * cols + col];
-  out[col] = s;
-}
+// Pass 2 (rlkernel_linear_logp_colsum_finish_kernel) is defined in csrc/linear_logp.cu, its one launcher: a
+// non-template kernel defined in a header would be defined again by every .cu that includes it (a link error).
 
 template <typename D> __device__ __forceinline__ D from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
