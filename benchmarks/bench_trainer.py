@@ -58,7 +58,7 @@ QWEN05 = dict(num_hidden_layers=24, hidden_size=896, intermediate_size=4864, num
 
 
 def build_parser():
-    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    p = OneLineParser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--parts", default=",".join(PARTS), help="comma-separated, of kernel, e2e (default: %(default)s)")
     p.add_argument("--shapes", default=SHAPES, help="kernel level: comma-separated HxV (default: %(default)s)")
     p.add_argument("--ns", default="4096,16384", help="kernel level: comma-separated token counts N (default: "
