@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops import blas, second_order
+from rlkernel.ops import blas, precision, row_mask, second_order, sharded
 from rlkernel.ops import linear_logp_loss_chunks as chunks
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
@@ -88,15 +88,21 @@ class _PrecomputedGrads(torch.autograd.Function):
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
                      chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
-                     logits_dtype: torch.dtype | None = None):
+                     logits_dtype: torch.dtype | None = None, mask: torch.Tensor | None = None,
+                     grad_accumulation: str = "float32"):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
 
-    ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one dtype and device;
-    ``token_ids`` of shape ``hidden.shape[:-1]``. Tokens are taken flat, in chunks of ``chunk_size`` (default:
-    about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's float32 ``[c]`` log-probs and
-    entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index per-token
+    ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one device, any floating
+    dtypes (one compute dtype for the GEMMs, gradients in each input's dtype, ``grad_accumulation`` "float32" or
+    "input" for dW / db, as for ``rlkernel.linear_logp``; under autocast ``loss_fn`` still runs under it);
+    ``token_ids`` of shape ``hidden.shape[:-1]``. ``mask`` (bool, ``hidden.shape[:-1]``): False rows are skipped
+    (no GEMM work, no loss, no gradient); ``chunk_slice`` is then an int64 tensor of the chunk's flat token
+    positions (indexing per-token inputs as the slice does). A DTensor weight is gathered once, a ZeRO-3 one for
+    the call (its gradients are computed in the forward: no second gather). Tokens are taken flat, in chunks of
+    ``chunk_size`` (default: about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's
+    float32 ``[c]`` log-probs and entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index per-token
     inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``: plain
     differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp and
     entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or "mean"
@@ -105,23 +111,44 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     The gradients of hidden, weight and bias (those that require grad) are computed during the call, and
     ``loss.backward()`` only scales them by the incoming gradient: backward once. ``logits_dtype=torch.float32``:
     the chunk's logits of 16-bit inputs stay float32 (as for ``rlkernel.linear_logp``; the default chunk then holds
-    half the tokens). ``loss_fn`` gets gradients only for
-    logp and entropy (tensors it closes over get none from this op). dW is accumulated over chunks in weight's
-    dtype. ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
+    half the tokens). ``loss_fn`` gets gradients only for logp and entropy (tensors it closes over get none from
+    this op). ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
     ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
     entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
     ``IndexError`` at once. See docs/contracts.md.
     """
     logits32 = check_logits_dtype(logits_dtype)
+    acc = precision.check_grad_accumulation(grad_accumulation)
+    weight, bias = sharded.full(weight), sharded.full(bias)
+    with sharded.gathered(sharded.zero3_partitioned(weight, bias)):  # the gradients are made inside: one gather
+        return _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction,
+                                 chunk_size, backend, require_fused, logits32, mask, acc)
+
+
+def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size,
+                      backend, require_fused, logits32, mask, acc):
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
-    logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
-           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
+    row_mask.check_mask(mask, hidden, OP)
+    cd = precision.compute_dtype(hidden, weight, bias)
+    logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
+    rec = (logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, cd)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, cd))
+    if mask is not None:
+        idx = row_mask.kept_rows(mask, hidden.device)
+        if idx is None:  # a device mask under CUDA-graph capture: its rows ignored, no compaction
+            token_ids = row_mask.as_ignored(token_ids, mask, int(ignore_index))
+        else:
+            hidden, token_ids = row_mask.compact(hidden, token_ids, idx)
+            user_fn = loss_fn
+
+            def loss_fn(logp, entropy, chunk_slice):  # the chunk's flat positions in the uncompacted tokens
+                return user_fn(logp, entropy, idx[chunk_slice])
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
     spec = chunks.Spec(loss_fn=loss_fn, temperature=float(temperature), ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else
-                       default_chunk(n, vocab, 4 if logits32 else hidden.element_size()), logits32=logits32)
+                       default_chunk(n, vocab, 4 if logits32 else cd.itemsize), logits32=logits32,
+                       compute=cd, accumulation=acc, autocast=precision.autocast_state(hidden.device))
     step = chunks.fused_pass if rec.status == "fused" else chunks.native_pass
 
     def run(needs):

@@ -24,7 +24,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops import second_order
+from rlkernel.ops import precision, second_order, sharded
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.native.softmax import compute_dtype, entropy
 
@@ -83,9 +83,11 @@ def _softmax_parts(x):
 class _NativeLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, temperature, return_entropy, batch_invariant,
-                record, logits32):
+                record, logits32, gemm_dtype, accumulation, regather):
+        ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)  # the stored tensors: recast in backward
+        hidden, weight, bias = (precision.cast(t, gemm_dtype) for t in (hidden, weight, bias))
         n, vocab = hidden.shape[0], weight.shape[0]
-        cd = compute_dtype(hidden.dtype)
+        cd = compute_dtype(gemm_dtype)
         out = torch.zeros(n, dtype=cd, device=hidden.device)
         ent = torch.zeros(n, dtype=cd, device=hidden.device) if return_entropy else None
         for r0, r1, rows in _chunks(n, vocab, batch_invariant):
@@ -99,26 +101,34 @@ class _NativeLinearLogp(torch.autograd.Function):
         out = torch.where(bad, nan, torch.where(valid, out, zero))
         if return_entropy:
             ent = torch.where(bad, nan, torch.where(valid, ent, zero))
-        ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)
         ctx.temperature, ctx.batch_invariant, ctx.record, ctx.logits32 = temperature, batch_invariant, record, logits32
+        ctx.gemm_dtype, ctx.accumulation, ctx.regather = gemm_dtype, accumulation, regather
+        ctx.device = hidden.device
         ctx.set_materialize_grads(False)
         return out, ent
 
     @staticmethod
     @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_ent):
-        hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record
         dispatch.record("linear_logp.backward", requested, "native", status, reason)
+        with sharded.regathered(ctx.regather), precision.no_autocast(ctx.device):
+            return _NativeLinearLogp._backward(ctx, grad_logp, grad_ent)
+
+    @staticmethod
+    def _backward(ctx, grad_logp, grad_ent):
+        stored_h, stored_w, stored_b, safe_ids, valid, bad = ctx.saved_tensors
+        hidden, weight, bias = (precision.cast(t, ctx.gemm_dtype) for t in (stored_h, stored_w, stored_b))
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         with op_range("op.linear_logp.backward"):
             n, vocab = hidden.shape[0], weight.shape[0]
             cd = compute_dtype(hidden.dtype)
+            acc = precision.accumulation_dtype(stored_w.dtype, ctx.gemm_dtype, ctx.accumulation)
             t = ctx.temperature
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
-            dw = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
-            db = torch.zeros(vocab, dtype=cd, device=weight.device) if need_b else None
+            dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+            db = torch.zeros(vocab, dtype=acc, device=weight.device) if need_b else None
             if grad_logp is None and grad_ent is None:
                 n = 0  # nothing reaches the outputs: zero gradients
             for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
@@ -142,18 +152,18 @@ class _NativeLinearLogp(torch.autograd.Function):
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
                         dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
                 g = g[:k]
-                if need_w:
-                    dw += g.t() @ hidden[r0:r1].to(cd)
+                if need_w:  # "input" accumulation of a 16-bit weight: each chunk's float32 product rounded
+                    dw += (g.t() @ hidden[r0:r1].to(cd)).to(acc)
                 if need_b:
-                    db += g.sum(0)
+                    db += g.sum(0).to(acc)
             cast = lambda a, like: a.to(like.dtype) if a is not None else None  # noqa: E731
-            return (cast(dh, hidden), cast(dw, weight), cast(db, weight) if bias is not None else None,
-                    None, None, None, None, None, None, None, None)
+            return (cast(dh, stored_h), cast(dw, stored_w), cast(db, stored_b) if bias is not None else None,
+                    None, None, None, None, None, None, None, None, None, None, None)
 
 
 def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
                        batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False,
-                       logits32=False):
+                       logits32=False, compute=None, accumulation="float32", regather=()):
     """Native log-probs of validated inputs: (logp, entropy or None), float32; ``keep_dtype`` keeps float64 for
     float64 inputs (gradcheck). On CUDA a bad id gives NaN and goes to the device error record by tensor ops on
     the stream (no host sync). The whole call runs inside ``op.linear_logp.forward``."""
@@ -166,9 +176,11 @@ def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_i
         valid = valid & ~bad
         safe = torch.where(valid, ids, torch.zeros_like(ids))
         status = "fallback" if fallback_reason else "native"
-        out, ent = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, float(temperature),
-                                           bool(return_entropy), bool(batch_invariant),
-                                           (requested, status, fallback_reason), bool(logits32))
+        with precision.no_autocast(hidden.device):
+            out, ent = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, float(temperature),
+                                               bool(return_entropy), bool(batch_invariant),
+                                               (requested, status, fallback_reason), bool(logits32),
+                                               compute or hidden.dtype, accumulation, tuple(regather))
         if hidden.device.type == "cuda":
             address, seq, sync = errors.begin("linear_logp.forward", hidden.device, token_ids.shape, vocab)
             errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, hidden.device, bad, ids)
