@@ -97,16 +97,16 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one device, any floating
     dtypes (one compute dtype for the GEMMs, gradients in each input's dtype, ``grad_accumulation`` "float32" or
     "input" for dW / db, as for ``rlkernel.linear_logp``; under autocast ``loss_fn`` still runs under it);
-    ``token_ids`` of shape ``hidden.shape[:-1]``. ``mask`` (bool, ``hidden.shape[:-1]``): False rows are skipped
-    (no GEMM work, no loss, no gradient); ``chunk_slice`` is then an int64 tensor of the chunk's flat token
-    positions (indexing per-token inputs as the slice does). A DTensor weight is gathered once, a ZeRO-3 one for
-    the call (its gradients are computed in the forward: no second gather). Tokens are taken flat, in chunks of
-    ``chunk_size`` (default: about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's
-    float32 ``[c]`` log-probs and entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index per-token
-    inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``: plain
-    differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp and
-    entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or "mean"
-    over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
+    ``token_ids`` of shape ``hidden.shape[:-1]``. ``mask`` (bool, ``hidden.shape[:-1]``): False rows are skipped (no
+    GEMM work, no loss, no gradient); ``chunk_slice`` is then an int64 tensor of the chunk's flat token positions
+    (indexing per-token inputs as the slice does). A DTensor weight is gathered once, a ZeRO-3 one for the call (its
+    gradients are computed in the forward: no second gather). Tokens are taken flat, in chunks of ``chunk_size``
+    (default: about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's float32 ``[c]``
+    log-probs and entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index
+    per-token inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``:
+    plain differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp
+    and entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or
+    "mean" over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
 
     The gradients of hidden, weight and bias (those that require grad) are computed during the call, and
     ``loss.backward()`` only scales them by the incoming gradient: backward once. ``logits_dtype=torch.float32``:
