@@ -4,7 +4,7 @@
   gradient goes back to the shards through DTensor's own autograd). The gathered tensor is what a recomputing
   backward saves, so there is no second gather.
 - **DeepSpeed ZeRO-3:** a partitioned parameter (``ds_status`` not AVAILABLE; checked only where DeepSpeed is
-  importable) is gathered by ``deepspeed.zero.GatheredParameters`` around the forward, and again around
+  importable) is gathered by ``deepspeed.zero.GatheredParameters`` around the forward, and again in
   ``linear_logp``'s recomputing backward (``regathered``), where the saved parameter is an empty shard otherwise.
   ``linear_logp_loss`` computes its gradients in its forward and needs no second gather. Gradients are returned
   whole (``[V, H]``), as DeepSpeed's own ZeRO-3 linear returns them; ZeRO's gradient hooks reduce-scatter them.
@@ -53,6 +53,12 @@ def gathered(params: tuple):
     return deepspeed.zero.GatheredParameters(list(params))
 
 
+@contextlib.contextmanager
 def regathered(params: tuple):
-    """The backward's gather: only those of ``params`` partitioned again by then."""
-    return gathered(zero3_partitioned(*params))
+    """The backward's gather of those of ``params`` partitioned again by then: ``param.all_gather()`` and no release
+    on exit, as DeepSpeed's own gather of an external parameter does. The gradient is accumulated into the parameter
+    after the backward returns, which needs it whole (a release here would leave AccumulateGrad an empty shard);
+    DeepSpeed releases it with its other leftovers after the backward / at the step."""
+    for p in zero3_partitioned(*params):
+        p.all_gather()
+    yield
