@@ -86,7 +86,9 @@ def zero3():
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = Tiny()
-    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    # persistence threshold 0: ZeRO-3 keeps params below it whole, and this model's are all small
+    config = {"train_micro_batch_size_per_gpu": 1,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
               "optimizer": {"type": "SGD", "params": {"lr": 0.0}}, "zero_allow_untested_optimizer": True}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     head = engine.module.lm_head.weight
