@@ -20,6 +20,12 @@ time: N in {4096, 32768}, H in {896, 8192}, V in {32000, 151936}. Methods (--met
   liger         Liger-Kernel's fused linear cross-entropy (per-token losses when its version allows, else a summed
                 loss), which computes its gradients in the forward: timed forward + backward;
   native-fwdbwd rlkernel's own native backend (chunked PyTorch; not in the default set).
+  fwdbwd-accin  fwdbwd with grad_accumulation="input" (dW summed in the weight's dtype, the behaviour before the
+                option; fwdbwd itself runs the default "float32", and its note gives its ratio to this row: issue 31
+                target <= 1.05x);
+  fwd-mask, fwdbwd-mask   fwd / fwdbwd with mask= a CPU bool mask keeping the first half of the rows (no host
+                sync; the kept rows compacted before the GEMMs): notes give the ratio to the unmasked row (issue 31
+                target <= 0.55x).
 --logits-dtype (comma-separated, default "bf16"): "bf16" is the default contract (logits in the inputs' dtype,
 ``logits_dtype=None``), "float32" ``logits_dtype=torch.float32``; every method that has the choice runs once per
 value (rlkernel's methods; torch-* with float32 is PyTorch's float32 head, ``hidden.float() @ weight.float().T`` with
@@ -53,11 +59,11 @@ DEFAULT_SHAPES = [(16384, 4096, 128256), (4096, 4096, 128256), (32768, 4096, 128
                   (16384, 8192, 128256), (16384, 4096, 32000), (16384, 4096, 151936)]
 DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                    "liger"]
-ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"]
+ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask"]
 TEMPERATURE = 1.0  # --temperature sets it
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
-                     "native-fwdbwd")
+                     "native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask")
 
 
 class Case:
@@ -77,6 +83,13 @@ class Case:
     def zero_grads(self):
         self.hidden.grad = None
         self.weight.grad = None
+
+    def half_mask(self):
+        """A CPU mask keeping the first half of the rows (padding at the end, as a packed batch has it; the error
+        columns' first rows are kept)."""
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        mask[: self.n // 2] = True
+        return mask
 
 
 def exact_values(case, rows: int, temperature: float):
@@ -127,21 +140,25 @@ def _method(name, case, logits_dtype=None):
                 return lsm.gather(-1, c.ids[:, None])[:, 0], -(lsm.exp() * lsm).sum(-1)
         run.values = values
         return run, nothing, 1, 0, None
-    if name in ("fwd", "bi-fwd"):
+    if name in ("fwd", "bi-fwd", "fwd-mask"):
         bi = name == "bi-fwd"
+        mask = c.half_mask() if name == "fwd-mask" else None
 
         def run():
             with torch.no_grad():
                 return rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE, return_entropy=True,
-                                            batch_invariant=bi, backend="fused", logits_dtype=logits_dtype)
+                                            batch_invariant=bi, backend="fused", logits_dtype=logits_dtype,
+                                            mask=mask)
         return run, nothing, 1, 8 * c.n, None
-    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc"):
+    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc", "fwdbwd-accin", "fwdbwd-mask"):
         from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
         bi = name == "bi-fwdbwd"
         backend = "native" if name == "native-fwdbwd" else "fused"
         key = (c.hidden.device.index, c.dtype)
         dtype_acc = name == "fwdbwd-dtacc"
+        accumulation = "input" if name == "fwdbwd-accin" else "float32"
+        mask = c.half_mask() if name == "fwdbwd-mask" else None
 
         def run():
             saved = linear_logp_fused._dh_modes.get(key)
@@ -150,7 +167,8 @@ def _method(name, case, logits_dtype=None):
             try:
                 lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE,
                                                return_entropy=True, batch_invariant=bi, backend=backend,
-                                               logits_dtype=logits_dtype)
+                                               logits_dtype=logits_dtype, grad_accumulation=accumulation,
+                                               mask=mask)
                 torch.autograd.backward([lp, ent], [c.gl, c.gh])
             finally:
                 if dtype_acc:
@@ -352,6 +370,13 @@ def main(argv=None) -> int:
                 note = {"fwd": "target <= 1.15x", "fwdbwd": "target <= 4.4x"}.get(name, note or "")
                 if name.startswith("bi-") and (name[3:], lname) in times:
                     note = f"{ms / times[(name[3:], lname)]:.3f}x default mode (target <= 1.10x)"
+                if name == "fwdbwd" and ("fwdbwd-accin", lname) in times:
+                    note = f"{ms / times[('fwdbwd-accin', lname)]:.3f}x grad_accumulation=input (target <= 1.05x)"
+                if name == "fwdbwd-accin" and ("fwdbwd", lname) in times:
+                    ratio32 = times[("fwdbwd", lname)] / ms
+                    note = f"fwdbwd (float32 accumulation) is {ratio32:.3f}x this (target <= 1.05x)"
+                if name.endswith("-mask") and (name[:-5], lname) in times:
+                    note = f"{ms / times[(name[:-5], lname)]:.3f}x unmasked, half the rows masked (target <= 0.55x)"
                 if lname == "float32" and (name, "bf16") in times and name in ("fwd", "fwdbwd"):
                     target = "1.15x" if name == "fwd" else "1.10x"
                     note = f"{ms / times[(name, 'bf16')]:.3f}x bf16 logits (target <= {target})"
