@@ -22,6 +22,12 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
   and a row's reductions run in a fixed order, so its results do not depend on N or on where it sits.
 
+- Mixed precision (``rlkernel.ops.precision``): the GEMM operands are the stored tensors cast to the compute dtype
+  (``_operands``: torch's cast / contiguous copies, before the op range, in the forward and again in the backward);
+  dW is summed over row blocks in ``grad_accumulation``'s dtype (float32: ``_accumulate_w``, the GEMMs writing and
+  adding into a float32 ``[V, H]``, rounded once at the end by the cast kernel when the weight is 16-bit), dH / db
+  written by the cast kernel straight in their stored dtypes. A ZeRO-3 weight is gathered again for the backward.
+
 Everything runs inside one NVTX range per call (``op.linear_logp.forward`` / ``.backward``), opened here: cuBLAS
 GEMM kernels and ``rlkernel_*`` kernels only. No host sync: bad ids go to the device error record.
 """

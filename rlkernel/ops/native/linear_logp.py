@@ -5,7 +5,12 @@ for their probabilities) exist at once: never the N x V logits. The backward rec
 feeds their gradient into the hidden-state and weight gradients (written out, so the native path opens its own
 ``op.linear_logp.backward`` range and records its ``linear_logp.backward`` dispatch).
 
-Arithmetic: the logits are the matmul's result in the inputs' dtype (what ``hidden @ weight.T`` gives), then
+Mixed precision (``rlkernel.ops.precision``): the autograd function gets the stored tensors and casts them to the
+compute dtype in the forward and again in the backward (no cast copy kept between them), with autocast off; the
+gradients go back in the stored dtypes, dW / db summed in ``grad_accumulation``'s dtype. A ZeRO-3 weight is gathered
+again for the backward (``rlkernel.ops.sharded.regathered``).
+
+Arithmetic: the logits are the matmul's result in the compute dtype (what ``hidden @ weight.T`` gives), then
 float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype. With float32
 logits (``logits32``, 16-bit inputs) the logits GEMM keeps its float32 result: on CUDA aten's float32-output GEMM of
 the 16-bit operands (``blas.float32_logits``), on CPU (or a torch without it) ``hidden.float() @ weight.float().T``
