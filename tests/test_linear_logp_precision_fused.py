@@ -175,3 +175,49 @@ def test_fused_loss_mixed_precision_and_accumulation(fused):
                               grad_accumulation="input").backward()
     want = w.grad.double()
     assert (wi.grad.double() - want).abs().mean() > (w16.grad.double() - want).abs().mean()
+
+
+def test_cpu_mask_costs_no_host_sync(fused):
+    h, w, b, ids = make(128, 32, 500, torch.bfloat16, seed=6)
+    mask = torch.arange(128) % 3 != 0
+    x = h.clone().requires_grad_(True)
+    step(x, w, b, ids, mask=mask)  # warm-up (probes, pinned pool)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        x.grad = None
+        step(x, w, b, ids, mask=mask)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_masks_under_cuda_graph_capture(fused):
+    """A device mask is captured as ignored rows (no compaction, no sync); a CPU mask is refused there."""
+    from cuda_graphs import warm_on_side_stream
+
+    h, w, b, ids = make(200, 64, 900, torch.bfloat16, seed=7)
+    mask = (torch.arange(200, device="cuda") % 2) == 0
+    x = h.clone().requires_grad_(True)
+
+    def run(m):
+        x.grad = None
+        lp, ent = rlkernel.linear_logp(x, w, ids, bias=b, return_entropy=True, backend="fused", mask=m)
+        (lp.sum() - 0.01 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), x.grad
+
+    warm_on_side_stream(lambda: run(mask))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run(mask)
+    graph.replay()
+    torch.cuda.synchronize()
+    x.grad = None
+    lp, ent = rlkernel.linear_logp(x, w, torch.where(mask, ids, IGNORE), bias=b, return_entropy=True,
+                                   backend="fused")
+    (lp.sum() - 0.01 * ent.sum()).backward()
+    for a, e in zip(captured, (lp, ent, x.grad), strict=True):
+        assert torch.equal(a, e)
+    graph2 = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="CPU mask cannot be used under CUDA-graph capture"):
+        with torch.cuda.graph(graph2):
+            run(mask.cpu())

@@ -5,8 +5,8 @@ scattered back (``index_copy`` into zeros) after it, so every GEMM has the kept 
 host-side launch parameter, so the count must be known on the host:
 
 - a **CPU mask** (the usual case: padding known when the batch is built) gives it for free: the kept indices are
-  computed on the CPU and copied to the device from pinned memory without blocking (no host sync; CUDA-graph
-  capturable, the indices then fixed by the capture);
+  computed on the CPU and copied to the device from pinned memory without blocking (no host sync). Not under
+  CUDA-graph capture (a captured copy would read a host buffer freed after the call): a ``RuntimeError`` there;
 - a **device mask** costs one host sync (``nonzero``: the count), the one exception to the ops' no-sync rule, and
   counted in ``host_syncs``; under CUDA-graph capture (where a sync is impossible) a device mask is applied
   without compaction instead: its rows are treated as ignored (``ignore_index``), full GEMMs, no sync.
@@ -41,12 +41,16 @@ def kept_rows(mask: torch.Tensor, device: torch.device):
     capture): the caller then folds the mask into the ignored rows."""
     global host_syncs
     flat = mask.reshape(-1)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if flat.device.type == "cpu" and capturing:
+        raise RuntimeError("mask: a CPU mask cannot be used under CUDA-graph capture (its rows would be copied from "
+                           "a host buffer the graph outlives); pass the mask on the device")
     if flat.device.type == "cpu":
         idx = flat.nonzero().squeeze(1)
         if device.type == "cuda":
             idx = idx.pin_memory().to(device, non_blocking=True)
         return idx
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing:
         return None
     host_syncs += 1
     return flat.nonzero().squeeze(1)
