@@ -83,6 +83,8 @@ def test_compute_dtype_rule():
     assert precision.accumulation_dtype(bf16, bf16, "input") == bf16
     assert precision.accumulation_dtype(f32, bf16, "input") == f32
     assert precision.accumulation_dtype(f64, f64, "input") == f64
+    assert precision.accumulation_dtype(bf16, bf16, "float32", parts=1) == bf16  # one block: nothing to sum
+    assert precision.accumulation_dtype(bf16, f16, "input") == f32  # a GEMM writes no bf16 from fp16 operands
 
 
 @pytest.mark.parametrize("case", ["mixed", "autocast"])

@@ -16,6 +16,7 @@ gradient before the output).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
@@ -99,8 +100,8 @@ def _result(total, hidden, weight, bias, dh, dw, db):
     return total, (dh, dw, db)
 
 
-def _accumulator(weight, spec: Spec, compute):
-    return precision.accumulation_dtype(weight.dtype, compute, spec.accumulation)
+def _accumulator(weight, spec: Spec, compute, n: int):
+    return precision.accumulation_dtype(weight.dtype, compute, spec.accumulation, -(-n // max(1, spec.chunk)))
 
 
 def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
@@ -110,7 +111,7 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
 
     forward, backward = fused_logp.forward_op(), torch.ops.rlkernel.logp_backward_inplace
     cd = spec.compute or hidden.dtype
-    acc = _accumulator(weight, spec, cd)
+    acc = _accumulator(weight, spec, cd, math.prod(hidden.shape[:-1]))
     stored_w, stored_b = weight, bias
     with torch.no_grad():  # the GEMM operands in the compute dtype, before any op range (torch's cast kernels)
         weight, bias = precision.cast(weight, cd), precision.cast(bias, cd, contiguous=True)
@@ -198,9 +199,9 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """The same chunking in PyTorch: float32 softmax of one chunk, autograd of that chunk for its gradients."""
     gd = spec.compute or hidden.dtype
     cdtype = compute_dtype(gd)
+    acc = _accumulator(weight, spec, gd, math.prod(hidden.shape[:-1]))
     h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
-                                                                         needs, _accumulator(weight, spec, gd),
-                                                                         cdtype, True)
+                                                                         needs, acc, cdtype, True)
     n, vocab = h.shape[0], weight.shape[0]
     need_grad = need_h or need_w or need_b
     bad = keep & ((ids < 0) | (ids >= vocab))

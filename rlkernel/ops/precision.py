@@ -11,8 +11,10 @@ from the dtypes the inputs are stored in, and the dtype the weight / bias gradie
 - **Accumulation** (``accumulation_dtype``) of dW / db over row blocks or chunks: ``grad_accumulation="float32"``
   (the default, as TRL's ``ChunkedLogProbFunction`` does: its ``grad_w`` / ``grad_b`` are float32 buffers), a float32
   ``[V, H]`` buffer (V H 4 bytes: 2 GiB at V = 128256, H = 4096, plus the returned gradient in the weight's dtype
-  when that is 16-bit); ``"input"``: in the weight's own dtype (what the ops did before the option existed; a
-  bf16 weight's dW rounded at every block / chunk). float64 weights accumulate in float64 either way.
+  when that is 16-bit) where there is more than one row block / chunk to sum over (one: the GEMM's own float32
+  accumulator is rounded once either way, and no buffer is needed); ``"input"``: in the weight's own dtype (what
+  the ops did before the option existed; a bf16 weight's dW rounded at every block / chunk). float32 and float64
+  weights accumulate in float32 (float64 for float64 compute) either way.
 """
 from __future__ import annotations
 
@@ -56,11 +58,16 @@ def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor, bias=None) -> torc
     return min(dtypes, key=lambda d: _RANK.get(d, 1))
 
 
-def accumulation_dtype(weight_dtype: torch.dtype, compute: torch.dtype, mode: str) -> torch.dtype:
-    """The dtype dW / db are summed in over blocks or chunks."""
-    if torch.float64 in (weight_dtype, compute):
+def accumulation_dtype(weight_dtype: torch.dtype, compute: torch.dtype, mode: str, parts: int = 2) -> torch.dtype:
+    """The dtype dW / db are summed in over ``parts`` row blocks or chunks: float64 for float64 compute; the
+    weight's 16-bit dtype for "input" when the GEMMs compute in it, or for one part (one GEMM per vocabulary chunk,
+    its own float32 accumulator rounded once either way: no float32 buffer); else float32 (a GEMM cannot write one
+    16-bit dtype from operands of the other)."""
+    if compute == torch.float64:
         return torch.float64
-    return torch.float32 if mode == "float32" else weight_dtype
+    if weight_dtype in SIXTEEN_BIT and weight_dtype == compute and (mode == "input" or parts <= 1):
+        return weight_dtype
+    return torch.float32
 
 
 def cast(t, dtype: torch.dtype, contiguous: bool = False):

@@ -325,7 +325,9 @@ class _FusedLinearLogp(torch.autograd.Function):
         if grad_logp is None and grad_entropy is None:
             return (None, None, None) + none
         cd = ctx.compute
-        acc = precision.accumulation_dtype(stored_w.dtype, cd, ctx.accumulation)
+        n = stored_h.shape[0]
+        block = plan(n, stored_w.shape[0], torch.float32 if ctx.logits32 else cd, ctx.batch_invariant)[0]
+        acc = precision.accumulation_dtype(stored_w.dtype, cd, ctx.accumulation, math.ceil(n / block))
         with sharded.regathered(ctx.regather), precision.no_autocast(stored_h.device):
             rows2d, weight, bias = _operands(stored_h, stored_w, stored_b, cd)  # before the range: torch's casts
             with op_range("op.linear_logp.backward"), batch_invariant_blas(cd, rows2d.device, ctx.batch_invariant):
