@@ -1,6 +1,7 @@
 """One training step of a tiny model through rlkernel.linear_logp with a sharded LM head, in a process of its own
 (one rank, gloo, CPU), and the same step unsharded; prints JSON: the largest gradient differences and the step's
-losses. Run by tests/test_linear_logp_sharded.py: ``python tests/sharded_train.py fsdp2|zero3 PORT``.
+losses. Run by tests/test_linear_logp_sharded.py:
+``python tests/sharded_train.py fsdp2|zero3 PORT [linear_logp|linear_logp_loss]``.
 
 The model: hidden = tanh(proj(x)), logp = linear_logp(hidden, lm_head.weight, ids, bias=lm_head.bias), loss =
 -(logp * adv).sum() (+ 0.1 entropy); the head's parameters are used directly, never through lm_head's forward, so a
@@ -29,10 +30,16 @@ class Tiny(torch.nn.Module):
         return torch.tanh(self.proj(x))
 
 
+OP = "linear_logp"  # or linear_logp_loss (argv[3])
+
+
 def loss_of(model, hidden, ids, adv):
     """Outside the model's forward, as TRL's fused head runs: a ZeRO-3 head is partitioned here."""
-    logp, ent = rlkernel.linear_logp(hidden, model.lm_head.weight, ids, bias=model.lm_head.bias,
-                                     return_entropy=True, backend="native")
+    w, b = model.lm_head.weight, model.lm_head.bias
+    if OP == "linear_logp_loss":
+        return rlkernel.linear_logp_loss(hidden, w, ids, lambda lp, en, sl: -lp * adv[sl] - 0.1 * en, bias=b,
+                                         chunk_size=5, backend="native")
+    logp, ent = rlkernel.linear_logp(hidden, w, ids, bias=b, return_entropy=True, backend="native")
     return -(logp * adv).sum() - 0.1 * ent.sum()
 
 
@@ -104,7 +111,9 @@ def zero3():
 
 
 def main():
+    global OP
     kind, port = sys.argv[1], sys.argv[2]
+    OP = sys.argv[3] if len(sys.argv) > 3 else OP
     init(port)
     ref_loss, ref = reference()
     loss, grads, info = {"fsdp2": fsdp2, "zero3": zero3}[kind]()

@@ -1,8 +1,8 @@
 """Sharded LM heads through rlkernel.linear_logp: a training step of a tiny model with the head under FSDP2 (a DTensor,
-gathered once per call) and under DeepSpeed ZeRO-3 (partitioned: gathered in the forward and again in the
-recomputing backward), each on one CPU rank (gloo) in its own process (tests/sharded_train.py), gradients against the
-unsharded run's. ZeRO-3 needs deepspeed (`tox -e zero3` installs it, DS_BUILD_OPS=0, and makes a missing one fail);
-elsewhere it is skipped."""
+gathered once per call) and under DeepSpeed ZeRO-3 (partitioned: gathered in the forward and again in the backward:
+linear_logp's recomputes, linear_logp_loss's only hands autograd the whole gradient to accumulate), each on one CPU
+rank (gloo) in its own process (tests/sharded_train.py), gradients against the unsharded run's. ZeRO-3 needs
+deepspeed (`tox -e zero3` installs it, DS_BUILD_OPS=0, and makes a missing one fail); elsewhere it is skipped."""
 from __future__ import annotations
 
 import importlib.util
@@ -27,9 +27,9 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def train(kind: str) -> dict:
+def train(kind: str, op: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_train.py"), kind, free_port()],
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_train.py"), kind, free_port(), op],
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -41,16 +41,21 @@ def check(result: dict):
         assert diff <= 1e-6 * result["scale"], (name, diff)
 
 
-def test_fsdp2_dtensor_head_trains_as_unsharded():
-    result = train("fsdp2")
+OPS = ["linear_logp", "linear_logp_loss"]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_fsdp2_dtensor_head_trains_as_unsharded(op):
+    result = train("fsdp2", op)
     assert result["head_is_dtensor"]
     check(result)
 
 
-def test_zero3_partitioned_head_trains_as_unsharded():
+@pytest.mark.parametrize("op", OPS)
+def test_zero3_partitioned_head_trains_as_unsharded(op):
     if importlib.util.find_spec("deepspeed") is None and not required("deepspeed"):
         pytest.skip("deepspeed not installed (tox -e zero3)")
-    result = train("zero3")
+    result = train("zero3", op)
     assert result["head_partitioned"] and result["head_released_after_step"]
     check(result)
 

@@ -68,9 +68,9 @@ class _PrecomputedGrads(torch.autograd.Function):
     """Connects the loss to hidden, weight and bias; its backward scales the gradients computed in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, run, *anchors):
+    def forward(ctx, hidden, weight, bias, run, regather, *anchors):
         loss, grads = run(ctx.needs_input_grad[:3])
-        ctx.grads = grads
+        ctx.grads, ctx.regather = grads, regather
         ctx.save_for_backward(*anchors)  # what a refused second derivative hangs on (rlkernel.ops.second_order)
         return loss
 
@@ -82,7 +82,10 @@ class _PrecomputedGrads(torch.autograd.Function):
         grads, ctx.grads = ctx.grads, None
         # in place: the buffers are ours, and a copy of dW would cost V x H more memory
         scaled = tuple(g.mul_(grad_loss) if g is not None else None for g in grads)
-        return (*scaled, None, None, None, None)
+        # a ZeRO-3 weight partitioned again since the forward: whole again (no compute) for autograd to accumulate
+        # the whole gradient into it (rlkernel.ops.sharded)
+        with sharded.regathered(ctx.regather):
+            return (*scaled, None, None, None, None, None)
 
 
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
@@ -120,13 +123,14 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     logits32 = check_logits_dtype(logits_dtype)
     acc = precision.check_grad_accumulation(grad_accumulation)
     weight, bias = sharded.full(weight), sharded.full(bias)
-    with sharded.gathered(sharded.zero3_partitioned(weight, bias)):  # the gradients are made inside: one gather
+    zero = sharded.zero3_partitioned(weight, bias)
+    with sharded.gathered(zero):  # the gradients are computed inside: no second gather to compute them
         return _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction,
-                                 chunk_size, backend, require_fused, logits32, mask, acc)
+                                 chunk_size, backend, require_fused, logits32, mask, acc, zero)
 
 
 def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size,
-                      backend, require_fused, logits32, mask, acc):
+                      backend, require_fused, logits32, mask, acc, zero):
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
     row_mask.check_mask(mask, hidden, OP)
     cd = precision.compute_dtype(hidden, weight, bias)
@@ -159,6 +163,6 @@ def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ign
         # empty copies of the inputs that need a gradient: on their graphs, holding none of their memory (no kernel)
         anchors = tuple(t.as_strided((0,), (1,)).clone() if t is not None and t.requires_grad else None
                         for t in (hidden, weight, bias))
-        return _PrecomputedGrads.apply(hidden, weight, bias, run, *anchors)
+        return _PrecomputedGrads.apply(hidden, weight, bias, run, zero, *anchors)
     loss, _ = run((False, False, False))
     return loss

@@ -6,8 +6,11 @@
 - **DeepSpeed ZeRO-3:** a partitioned parameter (``ds_status`` not AVAILABLE; checked only where DeepSpeed is
   importable) is gathered by ``deepspeed.zero.GatheredParameters`` around the forward, and again in
   ``linear_logp``'s recomputing backward (``regathered``), where the saved parameter is an empty shard otherwise.
-  ``linear_logp_loss`` computes its gradients in its forward and needs no second gather. Gradients are returned
-  whole (``[V, H]``), as DeepSpeed's own ZeRO-3 linear returns them; ZeRO's gradient hooks reduce-scatter them.
+  ``linear_logp_loss`` computes its gradients in its forward and needs no second gather to compute them; its
+  backward only makes the parameter whole again (``regathered``: communication, no compute) because autograd
+  accumulates the whole gradient into the parameter after the backward returns, which an empty shard refuses.
+  Gradients are returned whole (``[V, H]``), as DeepSpeed's own ZeRO-3 linear returns them; ZeRO's gradient hooks
+  reduce-scatter them.
 """
 from __future__ import annotations
 
