@@ -45,6 +45,19 @@ def _jit_flags() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return flags["CXX_FLAGS"], flags["NVCC_FLAGS"]
 
 
+def _cutlass_include() -> list[str]:
+    """The nvidia-cutlass wheel's header folder (rlkernel/cutlass_headers.py, loaded by path: nothing of rlkernel
+    imported), [] without the wheel (the epilogue GEMM then builds as a stub that refuses)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_rlkernel_cutlass_headers",
+                                                  os.path.join(ROOT, "rlkernel", "cutlass_headers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    inc = mod.include_dir()
+    return [inc] if inc else []
+
+
 def _cuda_extension():
     if os.environ.get("RLKERNEL_BUILD_EXT", "").strip().lower() in ("0", "false", "no", "off"):
         return _skip("RLKERNEL_BUILD_EXT=0: the first call that needs it builds it into the cache")
@@ -66,7 +79,7 @@ def _cuda_extension():
     ext = cpp_extension.CUDAExtension(
         name="rlkernel._C",
         sources=sources,
-        include_dirs=[os.path.join(ROOT, "csrc", "include")],
+        include_dirs=[os.path.join(ROOT, "csrc", "include"), *_cutlass_include()],
         define_macros=[("RLKERNEL_BUILT_ARCHS", f'"{archs}"')],
         extra_compile_args={"cxx": list(cxx_flags), "nvcc": list(nvcc_flags)},  # the cache's build uses the same
     )

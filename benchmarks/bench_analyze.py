@@ -10,17 +10,26 @@ DIR``), which reports wall time, CPU time, peak RSS (the child's maxrss) and the
 progress lines; the CSVs of the pushpop and startend variants must then be equal except for the ``style`` column.
 
     python benchmarks/bench_analyze.py [--kernels 1000000] [--ranges-per-launch 2] [--threads 5]
-                                       [--variants pushpop,startend,mixed] [--workdir DIR] [--keep]
+                                       [--variants pushpop,startend,mixed] [--phase-steps N] [--workdir DIR] [--keep]
+    python benchmarks/bench_analyze.py --export TRACE.sqlite[.xz] [--limit 10]
+
+``--phase-steps N`` analyzes each variant a second time with RL phases added (add_phases: N rlkernel steps per
+thread, each holding rollout, loss, policy_forward and optimizer over the launches): the difference is what the
+RL-step view (docs/contracts.md, section 11) costs. ``--export`` times the analyzer on one given export instead,
+e.g. the 2-step TRL trace of tools/rl_step_walkthrough.sh (issue 35's target: <= 10 s on 2 cores; run it under
+``taskset -c 0,1``).
 
 Writes nothing under the repository; the traces live in --workdir (default: a temporary directory, removed
 unless --keep). Exit 1 when the two variants' CSVs differ.
 """
 from __future__ import annotations
 
+import lzma
 import os
 import pathlib
 import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -100,24 +109,113 @@ def build(fixture: pathlib.Path, out: pathlib.Path, kernels: int, per_launch: in
     counts = {t: con.execute(f"SELECT count(*) FROM dst.{t}").fetchone()[0]
               for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS")}
     con.close()
+    counts["layout"] = {"t0": int(t0), "span": int(span), "reps": int(reps), "pid": int(pid), "threads": threads,
+                        "sid": int(sid) + 2}
     return counts
 
 
-def analyze(trace: pathlib.Path, out: pathlib.Path) -> tuple[float, float, float, str]:
-    """Wall seconds, CPU seconds (user + system), peak RSS in GB (this child alone: wait4's rusage) and stderr
-    of one analyzer run. CPU time is the steadier figure on a shared machine."""
+PHASES = (("rollout", 0.0, 0.6), ("loss", 0.6, 0.9), ("optimizer", 0.9, 1.0))  # shares of a step's repetitions
+
+
+def add_phases(src: pathlib.Path, dst: pathlib.Path, layout: dict, steps: int) -> int:
+    """A copy of ``src`` with RL phases (docs/contracts.md, section 11) over its launches: on every thread,
+    ``steps`` rlkernel.step() ranges (domain ``rlkernel``, ``phase:step``, payload the step index), each holding
+    rollout, loss (holding policy_forward) and optimizer over its first 60 %, next 30 % and last 10 % of that
+    thread's repetitions. Every boundary falls in the 1 ms gap between two repetitions, so the ranges nest with
+    the benchmark's own. Returns the number of range rows added."""
+    shutil.copyfile(src, dst)
+    t0, span, reps, pid, threads, sid = (layout[k] for k in ("t0", "span", "reps", "pid", "threads", "sid"))
+    names = ["rlkernel", "phase:step", *(f"phase:{n}" for n, _, _ in PHASES), "phase:policy_forward"]
+    ids = {n: sid + i for i, n in enumerate(names)}
+    rows = []  # (start, end, eventType, globalTid, textId, domainId, int64Value)
+
+    def at(rep: int, offset: int) -> int:  # a point in the gap before repetition `rep` (offset < 0) or after it
+        return t0 + rep * span + (offset if offset < 0 else span - offset)
+
+    for t in range(threads):
+        tid = pid | (1000 + t)
+        mine = list(range(t, reps, threads))
+        rows.append((t0, None, 75, tid, ids["rlkernel"], 2, None))
+        per = -(-len(mine) // steps)
+        for k, first in enumerate(range(0, len(mine), per)):
+            chunk = mine[first:first + per]
+            rows.append((at(chunk[0], -500_000), at(chunk[-1], 500_000), 59, tid, ids["phase:step"], 2, k))
+            for name, a, b in PHASES:
+                part = chunk[int(a * len(chunk)):max(int(b * len(chunk)), int(a * len(chunk)) + 1)]
+                if not part:
+                    continue
+                rows.append((at(part[0], -400_000), at(part[-1], 600_000), 59, tid, ids[f"phase:{name}"], 2, None))
+                if name == "loss":  # the training forward, inside loss: its first half
+                    half = part[:max(1, len(part) // 2)]
+                    rows.append((at(half[0], -300_000), at(half[-1], 700_000), 59, tid,
+                                 ids["phase:policy_forward"], 2, None))
+    con = sqlite3.connect(dst)
+    try:
+        con.executemany("INSERT INTO StringIds (id, value) VALUES (?, ?)", [(i, n) for n, i in ids.items()])
+        if "int64Value" not in {r[1] for r in con.execute("PRAGMA table_info(NVTX_EVENTS)")}:
+            con.execute("ALTER TABLE NVTX_EVENTS ADD COLUMN int64Value INTEGER")  # the step index's payload
+        con.executemany("INSERT INTO NVTX_EVENTS (start, \"end\", eventType, globalTid, endGlobalTid, textId, "
+                        "domainId, int64Value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(*r[:4], r[3], *r[4:]) for r in rows])
+        con.commit()
+    finally:
+        con.close()
+    return len(rows)
+
+
+def analyze(trace: pathlib.Path, out: pathlib.Path) -> tuple[float, float, float, str, str]:
+    """Wall seconds, CPU seconds (user + system), peak RSS in GB (this child alone: wait4's rusage), stderr and
+    stdout of one analyzer run. CPU time is the steadier figure on a shared machine."""
     cmd = [sys.executable, "-m", "pipelines.analyze", str(trace), "--out", str(out)]
-    with tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile("w+") as err, tempfile.TemporaryFile("w+") as said:
         t = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=said, stderr=err, text=True)
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
         p.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
-        log = err.read()
+        said.seek(0)
+        log, stdout = err.read(), said.read()
     if p.returncode not in (0, 1):
         raise RuntimeError(f"analyzer exit {p.returncode}: {log.strip()[-500:]}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1e6, log
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1e6, log, stdout
+
+
+def headline(stdout: str) -> str:
+    """The RL-step headline the analyzer printed ("GPU busy ..."), or ""."""
+    return next((ln.strip() for ln in stdout.splitlines() if ln.startswith("  GPU busy ")), "")
+
+
+def unpack(src: pathlib.Path, work: pathlib.Path) -> pathlib.Path:
+    """An export as given (.sqlite) or xz-compressed (.sqlite.xz, tools/rl_step_walkthrough.sh's), as a file in
+    ``work``."""
+    if src.suffix != ".xz":
+        return src
+    dst = work / src.stem
+    with lzma.open(src, "rb") as f, open(dst, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 22)
+    return dst
+
+
+def time_export(src: pathlib.Path, work: pathlib.Path, limit: float | None) -> int:
+    """--export: the analyzer timed on one given export (the 2-step TRL trace of issue 35's target)."""
+    t = time.perf_counter()
+    trace = unpack(src, work)
+    unpacked = time.perf_counter() - t
+    trace_db.check_sqlite_file(trace)
+    con = sqlite3.connect(f"file:{trace}?mode=ro", uri=True)
+    try:
+        kernels = con.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    finally:
+        con.close()
+    wall, cpu, rss, _, stdout = analyze(trace, work / "export-out")
+    print(f"  {src.name}: {kernels:,} kernels ({trace.stat().st_size / 2**20:.0f} MiB, unpacked in {unpacked:.1f} s): "
+          f"analyze {wall:.2f} s wall, {cpu:.1f} s CPU, {rss:.2f} GB peak RSS", flush=True)
+    print(f"  headline: {headline(stdout) or '(none: no steps in the trace)'}")
+    if limit is not None:
+        print(f"  target <= {limit:g} s wall: {'met' if wall <= limit else 'NOT met'}")
+        return 0 if wall <= limit else 1
+    return 0
 
 
 def same_but_style(a: pathlib.Path, b: pathlib.Path) -> list[str]:
@@ -140,16 +238,39 @@ def main(argv=None) -> int:
     ap.add_argument("--fixture", type=pathlib.Path, default=FIXTURE)
     ap.add_argument("--workdir", type=pathlib.Path)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--phase-steps", type=int, default=0, metavar="N",
+                    help="also analyze each variant with N rlkernel steps of RL phases per thread added (the same "
+                         "trace otherwise): what the RL-step view adds")
+    ap.add_argument("--export", type=pathlib.Path, metavar="FILE",
+                    help="time the analyzer on this export instead (.sqlite, or .sqlite.xz as "
+                         "tools/rl_step_walkthrough.sh keeps it); no trace is built")
+    ap.add_argument("--limit", type=float, metavar="S", help="--export: exit 1 when the analyzer takes longer")
     try:
         args = ap.parse_args(argv)
         variants = args.variants.split(",")
-        if not set(variants) <= set(STYLE) or args.kernels < 1 or args.ranges_per_launch < 1 or args.threads < 1:
-            raise CliError(f"variants are {', '.join(STYLE)}; counts must be >= 1")
+        if not set(variants) <= set(STYLE) or args.kernels < 1 or args.ranges_per_launch < 1 or args.threads < 1 \
+                or args.phase_steps < 0:
+            raise CliError(f"variants are {', '.join(STYLE)}; counts must be >= 1 (--phase-steps >= 0)")
+        if args.export is not None and not args.export.is_file():
+            raise CliError(f"--export {args.export}: no such file")
+        if args.limit is not None and args.export is None:
+            raise CliError("--limit goes with --export")
     except CliError as exc:
         print(f"bench_analyze: {exc}", file=sys.stderr)
         return exc.code
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="bench_analyze-"))
     work.mkdir(parents=True, exist_ok=True)
+    if args.export is not None:
+        print(f"bench_analyze: --export {args.export}, {os.cpu_count()} CPUs visible, "
+              f"{len(os.sched_getaffinity(0))} usable")
+        try:
+            return time_export(args.export, work, args.limit)
+        except (trace_db.TraceError, lzma.LZMAError, sqlite3.Error) as e:
+            print(f"bench_analyze: --export {args.export}: {e}", file=sys.stderr)
+            return 2
+        finally:
+            if not args.keep and args.workdir is None:
+                shutil.rmtree(work, ignore_errors=True)
     print(f"bench_analyze: {args.kernels} kernels, {args.ranges_per_launch} ranges per launch, {args.threads} "
           f"threads, {os.cpu_count()} CPUs visible, {len(os.sched_getaffinity(0))} usable; fixture {args.fixture.name}")
     outs = {}
@@ -160,7 +281,7 @@ def main(argv=None) -> int:
             counts = build(args.fixture, trace, args.kernels, args.ranges_per_launch, args.threads, v)
             built = time.perf_counter() - t
             outs[v] = work / f"{v}-out"
-            wall, cpu, rss, log = analyze(trace, outs[v])
+            wall, cpu, rss, log, _ = analyze(trace, outs[v])
             staged = [ln for ln in log.splitlines() if "staged" in ln or "analyzed" in ln]
             said = [float(m) for m in re.findall(r"(?:done, |analyzed in )([0-9.]+) s", log)]
             silence = max((b - a for a, b in zip(said, said[1:], strict=False)), default=0.0)
@@ -169,6 +290,14 @@ def main(argv=None) -> int:
                   f"{cpu:.1f} s CPU, "
                   f"{rss:.2f} GB peak RSS, longest silence {silence:.1f} s | "
                   f"{' | '.join(s.split(': ', 2)[-1] for s in staged)}", flush=True)
+            if args.phase_steps:
+                phased = work / f"{v}-phases.sqlite"
+                added = add_phases(trace, phased, counts["layout"], args.phase_steps)
+                pwall, pcpu, prss, _, stdout = analyze(phased, work / f"{v}-phases-out")
+                n_steps = len(pd.read_csv(work / f"{v}-phases-out" / "steps.csv"))
+                print(f"  {v:9s} + RL phases ({added} ranges, {n_steps} steps): analyze {pwall:.2f} s wall "
+                      f"({100 * (pwall / wall - 1):+.1f} %), {pcpu:.1f} s CPU ({100 * (pcpu / cpu - 1):+.1f} %), "
+                      f"{prss:.2f} GB peak RSS | {headline(stdout)}", flush=True)
         rc = 0
         if {"pushpop", "startend"} <= set(outs):
             bad = same_but_style(outs["pushpop"], outs["startend"])

@@ -40,6 +40,15 @@ Each time is the median of --repeat runs, each timed by its own pair of CUDA eve
 are reset outside the events. TFLOP/s counts 2NHV per GEMM's worth of model work (forward 1, forward+backward 3).
 Peak extra memory: the allocator's peak during one run minus what was allocated before it, less the returned
 gradients (hidden and weight) and the outputs. RLKERNEL_VALIDATE=0 while timing is not needed: nothing here syncs.
+--epilogue (off / on / pingpong / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-* methods with
+the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``): "on" its cooperative config (rows
+METHOD+epi), "pingpong" its ping-pong config (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "both" the cuBLAS path and
+"on", "all" the three; a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
+throughput), beside the cuBLAS path's:
+    ncu --kernel-name regex:'rlkernel_linear_logp_epilogue|nvjet|gemm|rlkernel_linear_logp_fold' --launch-skip 3 \
+        --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        python benchmarks/bench_linear_logp.py --shapes 16384x896x151936 --methods matmul,fwd --epilogue both \
+        --repeat 1 --warmup 1
 Writes a CSV (--out, default reports/bench_linear_logp-<UTC time>.csv). Exit codes: 0 done, 2 bad arguments,
 3 no CUDA / extension not built.
 """
@@ -62,6 +71,8 @@ DEFAULT_METHODS = ["matmul", "fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdb
 ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask"]
 TEMPERATURE = 1.0  # --temperature sets it
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
+EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
+EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "both": (None, 0), "all": (None, 0, 1)}  # configs
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                      "native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask")
 
@@ -286,6 +297,8 @@ def main(argv=None) -> int:
     p.add_argument("--error-rows", type=int, default=1024, help="tokens compared with float64 (error columns)")
     p.add_argument("--out", default=None, help="CSV path (default reports/bench_linear_logp-<UTC time>.csv)")
     p.add_argument("--list-kernels", action="store_true", help="print the kernels of one fused call and exit")
+    p.add_argument("--epilogue", default="off", choices=list(EPILOGUE_CHOICES),
+                   help="rlkernel's fwd/fwdbwd/bi-* methods with the epilogue GEMM (issue 37): off, on, both")
     try:
         args = p.parse_args(argv)
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -311,6 +324,8 @@ def main(argv=None) -> int:
     if _ext.unavailable_reason():
         print(f"bench_linear_logp: {_ext.unavailable_reason()} (python -m rlkernel.env says why)", file=sys.stderr)
         return 3
+    from rlkernel.ops.fused import epilogue_gemm
+
     global TEMPERATURE
     TEMPERATURE = args.temperature
     dtype = getattr(torch, args.dtype)
@@ -332,17 +347,23 @@ def main(argv=None) -> int:
         exact = {TEMPERATURE: exact_values(case, args.error_rows, TEMPERATURE)}
         t_mm = None
         times = {}
-        for name in methods:
-            for lname in (logits_names if name in WITH_LOGITS_DTYPE else [args.dtype.replace("bfloat16", "bf16")]):
+        for name, lname, epi in [(m, ln, e) for m in methods
+                                 for ln in (logits_names if m in WITH_LOGITS_DTYPE
+                                            else [args.dtype.replace("bfloat16", "bf16")])
+                                 for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))]:
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epi is not None, epi or 0
+                epilogue_gemm.reset_records()
+                label = name + {None: "", 0: "+epi", 1: "+epi-pp"}[epi]
                 run, prep, gemms, subtract, note = _method(name, case, LOGITS_DTYPES.get(lname))
                 shape_txt = f"{n}x{h}x{v}"
                 cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
                        f"--dtype {args.dtype} --repeat {args.repeat} --logits-dtype {lname} "
-                       f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}")
-                blank = dict(shape=shape_txt, method=name, logits_dtype=lname, ms="", x_matmul="", tflops="",
+                       f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}"
+                       + {None: "", 0: " --epilogue on", 1: " --epilogue pingpong"}[epi])
+                blank = dict(shape=shape_txt, method=label, logits_dtype=lname, ms="", x_matmul="", tflops="",
                              extra_gb="", logp_err="", entropy_err="")
                 if run is None:
-                    print(f"{shape_txt:>20} {name:>14} {lname:>7} {'-':>9}  skipped: {note}")
+                    print(f"{shape_txt:>20} {label:>14} {lname:>7} {'-':>9}  skipped: {note}")
                     rows.append(dict(blank, note=f"skipped: {note}", command=cmd))
                     continue
                 try:
@@ -358,35 +379,41 @@ def main(argv=None) -> int:
                 except torch.OutOfMemoryError:
                     case.zero_grads()
                     torch.cuda.empty_cache()
-                    print(f"{shape_txt:>20} {name:>14} {lname:>7} {'oom':>9}")
+                    print(f"{shape_txt:>20} {label:>14} {lname:>7} {'oom':>9}")
                     rows.append(dict(blank, note="out of memory", command=cmd))
                     continue
                 case.zero_grads()
-                times[(name, lname)] = ms
+                times[(label, lname)] = ms
                 if name == "matmul":
                     t_mm = ms
                 ratio = ms / t_mm if t_mm else float("nan")
                 tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
                 note = {"fwd": "target <= 1.15x", "fwdbwd": "target <= 4.4x"}.get(name, note or "")
-                if name.startswith("bi-") and (name[3:], lname) in times:
-                    note = f"{ms / times[(name[3:], lname)]:.3f}x default mode (target <= 1.10x)"
-                if name == "fwdbwd" and ("fwdbwd-accin", lname) in times:
+                if name.startswith("bi-") and (label[3:], lname) in times:
+                    note = f"{ms / times[(label[3:], lname)]:.3f}x default mode (target <= 1.10x)"
+                if label == "fwdbwd" and ("fwdbwd-accin", lname) in times:
                     note = f"{ms / times[('fwdbwd-accin', lname)]:.3f}x grad_accumulation=input (target <= 1.05x)"
-                if name == "fwdbwd-accin" and ("fwdbwd", lname) in times:
+                if label == "fwdbwd-accin" and ("fwdbwd", lname) in times:
                     ratio32 = times[("fwdbwd", lname)] / ms
                     note = f"fwdbwd (float32 accumulation) is {ratio32:.3f}x this (target <= 1.05x)"
-                if name.endswith("-mask") and (name[:-5], lname) in times:
-                    note = f"{ms / times[(name[:-5], lname)]:.3f}x unmasked, half the rows masked (target <= 0.55x)"
-                if lname == "float32" and (name, "bf16") in times and name in ("fwd", "fwdbwd"):
+                if label.endswith("-mask") and (label[:-5], lname) in times:
+                    note = f"{ms / times[(label[:-5], lname)]:.3f}x unmasked, half the rows masked (target <= 0.55x)"
+                if lname == "float32" and (label, "bf16") in times and name in ("fwd", "fwdbwd"):
                     target = "1.15x" if name == "fwd" else "1.10x"
-                    note = f"{ms / times[(name, 'bf16')]:.3f}x bf16 logits (target <= {target})"
+                    note = f"{ms / times[(label, 'bf16')]:.3f}x bf16 logits (target <= {target})"
+                if epi is not None and (name, lname) in times:
+                    note = f"{ms / times[(name, lname)]:.3f}x the cuBLAS path; {note}"
+                missed = sorted({why for (kernel, why) in epilogue_gemm.records() if kernel == "cublas"})
+                if epi is not None and missed:
+                    note = f"epilogue GEMM not taken: {'; '.join(missed)}; {note}"
                 if name == "liger" and note == "sum":
                     note = "reduction=sum (per-token output unsupported by this version)"
-                print(f"{shape_txt:>20} {name:>14} {lname:>7} {ms:9.2f} {ratio:9.3f} {tflops:8.1f} {extra / 1e9:9.3f} "
+                print(f"{shape_txt:>20} {label:>14} {lname:>7} {ms:9.2f} {ratio:9.3f} {tflops:8.1f} {extra / 1e9:9.3f} "
                       f"{fmt(e_lp):>9} {fmt(e_ent):>9}  {note}")
                 rows.append(dict(blank, ms=f"{ms:.4f}", x_matmul=f"{ratio:.4f}", tflops=f"{tflops:.1f}",
                                  extra_gb=f"{extra / 1e9:.4f}", logp_err=fmt(e_lp), entropy_err=fmt(e_ent),
                                  note=note, command=cmd))
+        epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = False, 0
         del case, exact
         torch.cuda.empty_cache()
     with open(out, "w", newline="") as f:

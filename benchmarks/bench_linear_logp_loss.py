@@ -9,6 +9,10 @@ Methods (each a row; the reproduction command is printed beside it):
 - ``loss``: ``rlkernel.linear_logp_loss(..., backend="fused")`` with a GRPO clipped objective + entropy bonus as
   loss_fn, then ``loss.backward()`` (hidden and weight require grad): three GEMMs per chunk;
 - ``loss-native``: the same call with ``backend="native"`` (chunked PyTorch);
+- ``loss-epi``, ``fwd-loss-epi`` / ``fwd-loss``: ``loss`` with the epilogue GEMM's forward (issue 37,
+  ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; the backward recomputes the chunk's float32 logits), and the loss
+  without gradients (forward half only) with and without it; ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
+  config (``CONFIG = 1``, bf16);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).
 Median of --repeat runs, each timed by its own pair of CUDA events after --warmup runs; gradients reset to None
@@ -31,7 +35,8 @@ from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside t
 
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
-METHODS = ("matmul", "loss", "loss-native", "liger")
+METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "fwd-loss", "fwd-loss-epi", "loss-epi-pp",
+           "fwd-loss-epi-pp")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
 
 
@@ -83,14 +88,29 @@ def make_methods(n, h, v, dtype, args):
 
     out["matmul"] = (mm, mm_prep)
 
-    def loss(backend):
+    def loss(backend, epilogue=False, grad=True, config=0):
+        from rlkernel.ops.fused import epilogue_gemm
+
         def run():
-            rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature, backend=backend,
-                                      chunk_size=args.chunk_size).backward()
+            saved = epilogue_gemm.ENABLED, epilogue_gemm.CONFIG
+            epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epilogue, config
+            try:
+                with torch.set_grad_enabled(grad):
+                    out = rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature,
+                                                    backend=backend, chunk_size=args.chunk_size)
+                    if grad:
+                        out.backward()
+            finally:
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = saved
         return run, reset
 
     out["loss"] = loss("fused")
     out["loss-native"] = loss("native")
+    out["loss-epi"] = loss("fused", epilogue=True)
+    out["fwd-loss"] = loss("fused", grad=False)
+    out["fwd-loss-epi"] = loss("fused", epilogue=True, grad=False)
+    out["loss-epi-pp"] = loss("fused", epilogue=True, config=1)
+    out["fwd-loss-epi-pp"] = loss("fused", epilogue=True, grad=False, config=1)
 
     def liger():
         try:
@@ -123,7 +143,7 @@ def main(argv=None) -> int:
             raise CliError("needs CUDA (this benchmark times GPU kernels)", EXIT_BLOCKED)
         from rlkernel import _ext
 
-        if "loss" in methods and _ext.unavailable_reason():
+        if any("loss" in m and m != "loss-native" for m in methods) and _ext.unavailable_reason():
             raise CliError(f"--methods loss needs rlkernel._C: {_ext.unavailable_reason()} "
                            "(python -m rlkernel.env says why)", EXIT_BLOCKED)
     except CliError as exc:
@@ -161,8 +181,8 @@ def main(argv=None) -> int:
                 continue
             if m == "matmul":
                 base_ms = ms
-            gemms = 1 if m == "matmul" else 3
-            grads = 0 if m == "matmul" else (n * h + v * h) * dtype.itemsize
+            gemms = 1 if m == "matmul" or m.startswith("fwd-") else 3
+            grads = 0 if m == "matmul" or m.startswith("fwd-") else (n * h + v * h) * dtype.itemsize
             tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
             ratio = f"{ms / base_ms:.2f}" if base_ms else "-"
             print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f} "

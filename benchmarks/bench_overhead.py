@@ -34,9 +34,16 @@ V = 128256
 def _case_inputs(name: str):
     g = torch.Generator(device="cuda").manual_seed(0)
     if name.startswith("sample"):
-        b = 1 if name == "sample-b1" else 256
+        # sample[-rows][-processed|-raw]-b{1,256}: rows = per-row temperature with a seed and an offset per row (a
+        # rollout engine's call); processed / raw = return_logprobs "processed" / True (issue 38)
+        parts = name.split("-")
+        b = int(parts[-1][1:])
         x = torch.randn(b, V, device="cuda", generator=g) * 3
-        return lambda: rlkernel.sample(x, top_k=50, top_p=0.9)  # the default generator: graph-safe as it is
+        kw = dict(top_k=50, top_p=0.9, return_logprobs="processed" if "processed" in parts else "raw" in parts)
+        if "rows" in parts:
+            kw.update(temperature=torch.ones(b, device="cuda"), seed=torch.arange(b, device="cuda") * 7919 + 1,
+                      offset=torch.arange(b, device="cuda"))
+        return lambda: rlkernel.sample(x, **kw)  # the default generator (scalar cases): graph-safe as it is
     n = {"logp-n256": 256, "logp-n16384": 16384, "logp-ent-fwd-bwd-n16384": 16384}[name]
     x = (torch.randn(n, V, device="cuda", generator=g) * 3).to(torch.bfloat16)
     ids = torch.randint(0, V, (n,), device="cuda", generator=g)
@@ -52,6 +59,9 @@ def _case_inputs(name: str):
 
 
 CASES = ("sample-b1", "sample-b256", "logp-n256", "logp-n16384", "logp-ent-fwd-bwd-n16384")
+# the log-prob variants of the sampler's cases (issue 38), run when named in --cases
+SAMPLE_CASES = tuple(f"sample{rows}{lp}-b{b}" for rows in ("", "-rows") for lp in ("", "-processed", "-raw")
+                     for b in (1, 256))
 
 
 def back_to_back(fn, calls: int) -> tuple[float, float]:
@@ -169,7 +179,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=300, help="calls per timed loop (default 300)")
     ap.add_argument("--runs", type=int, default=7, help="runs per figure; the median is reported (default 7)")
-    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {', '.join(CASES)}")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated, from {', '.join(CASES)} and {', '.join(SAMPLE_CASES)}")
     ap.add_argument("--cpu-only", action="store_true", help="time the Python layer alone (no GPU needed)")
     ap.add_argument("--breakdown", action="store_true", help="host time of each layer of a fused call (CUDA)")
     args = ap.parse_args(argv)
@@ -184,7 +195,7 @@ def main(argv=None) -> int:
         breakdown(args.calls, args.runs)
         return 0
     cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - set(CASES)
+    unknown = set(cases) - set(CASES) - set(SAMPLE_CASES)
     if unknown:
         print(f"bench_overhead: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2

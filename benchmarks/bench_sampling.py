@@ -1,7 +1,7 @@
 """Fused top-k/top-p sampling against the two native PyTorch ways and FlashInfer (where it imports), on device time.
 
     python benchmarks/bench_sampling.py [--batches 1,32,64,128,256] [--vocab 128256] [--dtypes float32,bfloat16]
-                                        [--top-k 50] [--top-p 0.9] [--reps 200]
+                                        [--top-k 50] [--top-p 0.9] [--reps 200] [--logprobs]
 
 Paths, all drawing from the same law (rlkernel.sample's):
   fused  rlkernel.sample(backend="fused") with the settings as Python numbers and a generator (RLKERNEL_VALIDATE=0:
@@ -13,6 +13,9 @@ Paths, all drawing from the same law (rlkernel.sample's):
   flashinfer  flashinfer.sampling.top_k_top_p_sampling_from_logits(filter_apply_order="top_k_first") on logits / T,
          where flashinfer imports (on a GPU node: `source .fi/env.sh`, made by tools/flashinfer_kit.sh); otherwise one
          line "flashinfer: not available (<reason>)" and the other columns
+--logprobs times, instead of the table above, the fused calls with their log-probs against the same calls without:
+  return_logprobs="processed" (out of the sampler's own pass, issue 38: target <= 1.15x) and True (the raw
+  log-prob, the fused logp kernel after the draw), for the scalar call (generator) and the per-row one (rows)
 Each call is timed alone with CUDA events while the GPU is kept busy ahead of the host (torch.cuda._sleep), so
 host launch overhead is not counted; the inputs rotate over enough buffers to exceed the L2 cache; the median of
 --reps calls is reported, with the bandwidth of reading the logits once (bytes / median).
@@ -73,6 +76,45 @@ def time_path(fn, inputs, reps):
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)) * 1e3  # microseconds
 
 
+def _per_row(b, args):
+    """The settings as per-row tensors, with a seed and an offset per row (a rollout engine's call)."""
+    return dict(temperature=torch.full((b,), args.temperature, device="cuda"),
+                top_k=torch.full((b,), args.top_k, dtype=torch.int64, device="cuda"),
+                top_p=torch.full((b,), args.top_p, device="cuda"), min_p=torch.zeros(b, device="cuda"),
+                seed=torch.arange(b, device="cuda") * 7919 + 1, offset=torch.arange(b, device="cuda"))
+
+
+def _inputs(b, dtype, vocab):
+    nbytes = b * vocab * torch.finfo(dtype).bits // 8
+    n_buf = max(2, -(-4 * L2_BYTES // nbytes))  # >= 4x the L2 in total
+    return [torch.randn(b, vocab, device="cuda", dtype=dtype) * 3 for _ in range(n_buf)]
+
+
+def logprob_table(args, kw, props) -> int:
+    """--logprobs: each call with return_logprobs="processed" and True against the same call without."""
+    print(f"# {props.name}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, V={args.vocab}, top_k={args.top_k}, "
+          f"top_p={args.top_p}, T={args.temperature}, median of {args.reps} calls (us)")
+    print("| dtype | B | call | plain | processed | processed / plain | raw (True) | raw / plain | command |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
+        for b in [int(x) for x in args.batches.split(",")]:
+            inputs = _inputs(b, dtype, args.vocab)
+            d = str(dtype).removeprefix("torch.")
+            cmd = (f"python benchmarks/bench_sampling.py --logprobs --batches {b} --dtypes {d} --vocab {args.vocab} "
+                   f"--top-k {args.top_k} --top-p {args.top_p} --reps {args.reps}")
+            for call, settings in (("scalar", kw), ("rows", _per_row(b, args))):
+                us = {lp: time_path(lambda x, s=settings, lp=lp: rlkernel.sample(
+                    x, backend="fused", return_logprobs=lp, **s), inputs, args.reps)
+                    for lp in (False, "processed", True)}
+                plain = us[False]
+                print(f"| {d} | {b} | {call} | {plain:.1f} | {us['processed']:.1f} | {us['processed'] / plain:.2f} | "
+                      f"{us[True]:.1f} | {us[True] / plain:.2f} | `{cmd}` |", flush=True)
+            del inputs
+    print("dispatch:", rlkernel.dispatch.history_json())
+    return 0
+
+
 def main() -> int:
     ap = OneLineParser(prog="bench_sampling", description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,32,64,128,256")
@@ -82,6 +124,7 @@ def main() -> int:
     ap.add_argument("--top-p", type=float, default=0.9)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--logprobs", action="store_true", help="time the calls with return_logprobs (see above)")
     try:
         args = ap.parse_args()
     except CliError as exc:
@@ -100,6 +143,8 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     gen = torch.Generator(device="cuda").manual_seed(0)
     kw = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, generator=gen)
+    if args.logprobs:
+        return logprob_table(args, kw, props)
     fi_fn, fi_version = flashinfer_path(**kw)
     if fi_fn is None:
         print(f"flashinfer: not available ({fi_version})")

@@ -170,6 +170,65 @@ void pack(const Tensor& src, Tensor& dst) {
   TORCH_CHECK(err == nullptr, kOp, " pack: ", err);
 }
 
+// The epilogue GEMM (issue 37): logp / entropy / stats of hidden @ weight^T (+ bias) straight from the GEMM's
+// accumulator; partial: float32 scratch of at least n * linear_logp_epilogue_tiles(V) * 4 elements.
+void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
+              Tensor& partial, Tensor& logp, Tensor& entropy, Tensor& stats, double temperature, int64_t ignore_index,
+              int64_t row0, int64_t error_record, int64_t error_seq, int64_t config) {
+  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
+  TORCH_CHECK(hidden.is_cuda() && hidden.dim() == 2 && (hidden.size(1) <= 1 || hidden.stride(1) == 1), kOp,
+              ": epilogue: hidden must be CUDA [N, H] with a contiguous last dim");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(1) &&
+              weight.scalar_type() == hidden.scalar_type() && weight.device() == hidden.device(), kOp,
+              ": epilogue: weight must be contiguous [V, H], of hidden's dtype and device");
+  const int64_t n = hidden.size(0), vocab = weight.size(0);
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->is_contiguous() && bias->size(0) == vocab &&
+                bias->scalar_type() == hidden.scalar_type() && bias->device() == hidden.device(), kOp,
+                ": epilogue: bias must be contiguous [V] of hidden's dtype");
+  }
+  check_ids(ids, n, hidden);
+  check_f32(logp, n, hidden, "logp");
+  check_f32(stats, 2 * n, hidden, "stats");
+  const bool with_entropy = entropy.numel() > 0;
+  if (with_entropy) check_f32(entropy, n, hidden, "entropy");
+  TORCH_CHECK(partial.scalar_type() == at::kFloat && partial.is_contiguous() && partial.device() == hidden.device() &&
+              partial.numel() >= n * rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config)) * 4, kOp,
+              ": epilogue: partial too small");
+  TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
+  c10::DeviceGuard guard(hidden.device());
+  rlkernel::LinearEpilogueArgs a{};
+  a.hidden = hidden.data_ptr();
+  a.hidden_stride = n > 1 ? hidden.stride(0) : hidden.size(1);
+  a.weight = weight.data_ptr();
+  a.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.hidden_size = hidden.size(1);
+  a.vocab = vocab;
+  a.dtype = rlkernel::elem_type_of(hidden, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.partial = partial.data_ptr<float>();
+  a.logp = logp.data_ptr<float>();
+  a.entropy = with_entropy ? entropy.data_ptr<float>() : nullptr;
+  a.stats = stats.data_ptr<float>();
+  a.row0 = row0;
+  a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
+  a.config = static_cast<int>(config);
+  a.device = hidden.device().index();
+  a.stream = rlkernel::current_cuda_stream(hidden.device().index());
+  const char* err = rlkernel::linear_logp_epilogue(a);
+  TORCH_CHECK(err == nullptr, kOp, " epilogue: ", err);
+}
+
+int64_t epilogue_tiles(int64_t vocab, int64_t config) {
+  TORCH_CHECK(config == 0 || config == 1, kOp, ": epilogue: config must be 0 (cooperative) or 1 (ping-pong)");
+  return rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config));
+}
+
+bool epilogue_built() { return rlkernel::linear_logp_epilogue_built(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
@@ -182,6 +241,11 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()");
   m.def("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()");
   m.def("linear_logp_bias_rows(Tensor bias, Tensor(a!) tile) -> ()");
+  m.def("linear_logp_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor(a!) partial, "
+        "Tensor(b!) logp, Tensor(c!) entropy, Tensor(d!) stats, float temperature, int ignore_index, int row0=0, "
+        "int error_record=0, int error_seq=0, int config=0) -> ()");
+  m.def("linear_logp_epilogue_tiles(int vocab, int config=0) -> int", &epilogue_tiles);
+  m.def("linear_logp_epilogue_built() -> bool", &epilogue_built);
 }
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
@@ -191,4 +255,5 @@ TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
   m.impl("linear_logp_cast", &cast);
   m.impl("linear_logp_pack", &pack);
   m.impl("linear_logp_bias_rows", &bias_rows);
+  m.impl("linear_logp_epilogue", &epilogue);
 }

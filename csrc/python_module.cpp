@@ -30,4 +30,6 @@ PYBIND11_MODULE(_C, m) {
         "error_seq, error_op) without torch's dispatcher: no autograd, no torch.compile");
   m.def("sample_eager", &rlkernel::ops::sample,
         "torch.ops.rlkernel.sample(...) with every argument given, without torch's dispatcher");
+  m.def("sample_processed_eager", &rlkernel::ops::sample_processed,
+        "torch.ops.rlkernel.sample_processed(...) with every argument given, without torch's dispatcher");
 }

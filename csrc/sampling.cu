@@ -1,7 +1,8 @@
-// Launchers of the fused sampler and of the processed log-probs (the same kernels in stats mode). No torch include
-// (the CI compile gate builds this with nvcc alone). Each opens its NVTX op range (rlkernel:op.sample,
-// op.logp.forward, op.logp.backward) around everything it puts on the stream: the rlkernel_* kernels, nothing else
-// (bad rows go to the device's error record from inside them).
+// Launchers of the fused sampler (with or without its processed log-probs, from the same kernels in one pass) and of
+// the processed log-probs (the same kernels in stats mode). No torch include (the CI compile gate builds this with
+// nvcc alone). Each opens its NVTX op range (rlkernel:op.sample, op.logp.forward, op.logp.backward) around
+// everything it puts on the stream: the rlkernel_* kernels, nothing else (bad rows go to the device's error record
+// from inside them).
 #include <cuda_runtime.h>
 #include <nvtx3/nvtx3.hpp>
 
@@ -88,13 +89,13 @@ const FastPathDevice& fast_path_device(int device) {
   return info[device];
 }
 
-// Draw mode (kStats false: ids) or the processed log-prob forward (kStats: out), on the same kernels.
-template <typename T, bool kStats>
+// kDraw (ids), kDrawLogp (ids and out.logp) or the processed log-prob forward (kStats: out), on the same kernels.
+template <typename T, int kMode>
 const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, const SampleSettings& s,
                          int64_t* ids, const ProcessedOut& out, const ErrorSink& errors, void* workspace,
                          size_t workspace_bytes, cudaStream_t stream) {
   if (!use_fast_path(vocab, s)) {
-    rlkernel_sample_rows<T, kStats><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+    rlkernel_sample_rows<T, kMode><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
         logits, row_stride, vocab, s, ids, out, errors);
     return nullptr;
   }
@@ -123,26 +124,26 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   cfg.stream = stream;
   cfg.attrs = &pdl;
   cfg.numAttrs = dev.major >= 9 ? 1 : 0;
-  err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T, kStats>, logits, row_stride, vocab,
+  err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T, kMode>, logits, row_stride, vocab,
                            static_cast<int>(splits), static_cast<const uint64_t*>(cand),
                            static_cast<const uint32_t*>(counts), s, ids, out, errors);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
 }
 
-template <bool kStats>
+template <int kMode>
 const char* launch_any(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                        const SampleSettings& s, int64_t* ids, const ProcessedOut& out, const ErrorSink& errors,
                        void* workspace, size_t workspace_bytes, cudaStream_t st) {
   switch (dtype) {
     case ElemType::kFloat32:
-      return launch_typed<float, kStats>(static_cast<const float*>(logits), rows, vocab, row_stride, s, ids, out,
+      return launch_typed<float, kMode>(static_cast<const float*>(logits), rows, vocab, row_stride, s, ids, out,
                                          errors, workspace, workspace_bytes, st);
     case ElemType::kFloat16:
-      return launch_typed<__half, kStats>(static_cast<const __half*>(logits), rows, vocab, row_stride, s, ids, out,
+      return launch_typed<__half, kMode>(static_cast<const __half*>(logits), rows, vocab, row_stride, s, ids, out,
                                           errors, workspace, workspace_bytes, st);
     case ElemType::kBFloat16:
-      return launch_typed<__nv_bfloat16, kStats>(static_cast<const __nv_bfloat16*>(logits), rows, vocab,
+      return launch_typed<__nv_bfloat16, kMode>(static_cast<const __nv_bfloat16*>(logits), rows, vocab,
                                                  row_stride, s, ids, out, errors, workspace, workspace_bytes, st);
   }
   return "logits dtype unsupported (float16/bfloat16/float32)";
@@ -177,20 +178,26 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 }
 
 const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
-                               const SampleSettings& settings, int64_t* ids, const ErrorSink& errors,
+                               const SampleSettings& settings, int64_t* ids, float* logp, const ErrorSink& errors,
                                void* workspace, size_t workspace_bytes, void* stream) {
   if (rows <= 0) return nullptr;
   if (const char* msg = check_sizes(rows, vocab, settings)) return msg;
   auto range = op_range<SampleMessage>();
-  return last_error(launch_any<false>(logits, dtype, rows, vocab, row_stride, settings, ids, ProcessedOut{}, errors,
-                                      workspace, workspace_bytes, static_cast<cudaStream_t>(stream)));
+  ProcessedOut out;
+  out.logp = logp;  // kDrawLogp writes the drawn ids' log-probs here; the other fields are stats mode's
+  const auto st = static_cast<cudaStream_t>(stream);
+  return last_error(logp != nullptr
+                        ? launch_any<kDrawLogp>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors,
+                                                workspace, workspace_bytes, st)
+                        : launch_any<kDraw>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors,
+                                            workspace, workspace_bytes, st));
 }
 
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
                           const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream) {
   return sample_rows_launch(logits, dtype, rows, vocab, row_stride, scalar_settings(temperature, top_k, top_p, rng),
-                            ids, errors, workspace, workspace_bytes, stream);
+                            ids, nullptr, errors, workspace, workspace_bytes, stream);
 }
 
 const char* logp_processed_forward_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab,
@@ -203,7 +210,7 @@ const char* logp_processed_forward_launch(const void* logits, ElemType dtype, in
   SampleSettings s = settings;
   s.seeded = false;  // no noise: nothing reads it
   s.generator = PhiloxArgs{};
-  return last_error(launch_any<true>(logits, dtype, rows, vocab, row_stride, s, nullptr, out, errors, workspace,
+  return last_error(launch_any<kStats>(logits, dtype, rows, vocab, row_stride, s, nullptr, out, errors, workspace,
                                      workspace_bytes, static_cast<cudaStream_t>(stream)));
 }
 

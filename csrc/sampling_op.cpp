@@ -90,28 +90,23 @@ void check_logits(const Tensor& logits, const char* op) {
               ": logits must be [N, V], last dim contiguous");
 }
 
-// Returns ids int64 [N]; a row without a distribution gets -1 and is reported to the error record (error_*); a
-// row whose per-row setting is out of range gets -1 and a kErrOpBadArg entry. seeded: each row's noise comes from
-// (seed, offset) (seed_rows / offset_rows per row), never from the generator, and not from the row's position.
-}  // namespace
-
-namespace rlkernel::ops {
-
-Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
-              std::optional<at::Generator> generator, int64_t error_record, int64_t error_seq, double min_p,
-              const std::optional<Tensor>& temperature_rows, const std::optional<Tensor>& top_k_rows,
-              const std::optional<Tensor>& top_p_rows, const std::optional<Tensor>& min_p_rows, bool seeded,
-              int64_t seed, const std::optional<Tensor>& seed_rows, int64_t offset,
-              const std::optional<Tensor>& offset_rows) {
-  check_logits(logits, "sample");
-  c10::DeviceGuard guard(logits.device());
+// The draw of sample and sample_processed: ids int64 [N] into `ids`, and (logp non-null) each drawn id's processed
+// log-prob from the same kernels (float32 [N]). A row without a distribution gets -1 (log-prob NaN) and is reported
+// to the error record (error_*); a row whose per-row setting is out of range gets -1 (NaN) and a kErrOpBadArg
+// entry. seeded: each row's noise comes from (seed, offset) (seed_rows / offset_rows per row), never from the
+// generator, and not from the row's position.
+void draw(const Tensor& logits, double temperature, int64_t top_k, double top_p,
+          const std::optional<at::Generator>& generator, int64_t error_record, int64_t error_seq, double min_p,
+          const std::optional<Tensor>& temperature_rows, const std::optional<Tensor>& top_k_rows,
+          const std::optional<Tensor>& top_p_rows, const std::optional<Tensor>& min_p_rows, bool seeded,
+          int64_t seed, const std::optional<Tensor>& seed_rows, int64_t offset,
+          const std::optional<Tensor>& offset_rows, const Tensor& ids, float* logp) {
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const int device = logits.device().index();
   rlkernel::SampleSettings s =
       settings_of(logits, temperature, top_k, top_p, min_p, temperature_rows, top_k_rows, top_p_rows, min_p_rows);
   TORCH_CHECK(!(seeded && generator.has_value()), "rlkernel sample: a generator and seeds are exclusive");
-  Tensor ids = at::empty({n}, logits.options().dtype(at::kLong));
-  if (n == 0) return ids;
+  if (n == 0) return;
   const rlkernel::ErrorSink errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpSampleNoDist);
   if (seeded) {
     s.seeded = true;
@@ -127,10 +122,42 @@ Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double to
   Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, logits.options().dtype(at::kByte));
   const char* err = rlkernel::sample_rows_launch(
       logits.data_ptr(), rlkernel::elem_type_of(logits, "rlkernel sample"), n, vocab,
-      n > 1 ? logits.stride(0) : vocab, s, ids.data_ptr<int64_t>(), errors, ws_bytes ? ws.data_ptr() : nullptr,
-      ws_bytes, rlkernel::current_cuda_stream(device));
+      n > 1 ? logits.stride(0) : vocab, s, ids.data_ptr<int64_t>(), logp, errors,
+      ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device));
   TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
+}
+
+}  // namespace
+
+namespace rlkernel::ops {
+
+Tensor sample(const Tensor& logits, double temperature, int64_t top_k, double top_p,
+              std::optional<at::Generator> generator, int64_t error_record, int64_t error_seq, double min_p,
+              const std::optional<Tensor>& temperature_rows, const std::optional<Tensor>& top_k_rows,
+              const std::optional<Tensor>& top_p_rows, const std::optional<Tensor>& min_p_rows, bool seeded,
+              int64_t seed, const std::optional<Tensor>& seed_rows, int64_t offset,
+              const std::optional<Tensor>& offset_rows) {
+  check_logits(logits, "sample");
+  c10::DeviceGuard guard(logits.device());
+  Tensor ids = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  draw(logits, temperature, top_k, top_p, generator, error_record, error_seq, min_p, temperature_rows, top_k_rows,
+       top_p_rows, min_p_rows, seeded, seed, seed_rows, offset, offset_rows, ids, nullptr);
   return ids;
+}
+
+std::tuple<Tensor, Tensor> sample_processed(
+    const Tensor& logits, double temperature, int64_t top_k, double top_p, std::optional<at::Generator> generator,
+    int64_t error_record, int64_t error_seq, double min_p, const std::optional<Tensor>& temperature_rows,
+    const std::optional<Tensor>& top_k_rows, const std::optional<Tensor>& top_p_rows,
+    const std::optional<Tensor>& min_p_rows, bool seeded, int64_t seed, const std::optional<Tensor>& seed_rows,
+    int64_t offset, const std::optional<Tensor>& offset_rows) {
+  check_logits(logits, "sample");
+  c10::DeviceGuard guard(logits.device());
+  Tensor ids = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
+  Tensor logp = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
+  draw(logits, temperature, top_k, top_p, generator, error_record, error_seq, min_p, temperature_rows, top_k_rows,
+       top_p_rows, min_p_rows, seeded, seed, seed_rows, offset, offset_rows, ids, logp.data_ptr<float>());
+  return {ids, logp};
 }
 
 }  // namespace rlkernel::ops
@@ -208,12 +235,18 @@ Tensor logp_processed_backward(const std::optional<Tensor>& grad_logp, const std
 }  // namespace
 
 // sample: the scalar settings first (as before), then min_p, the per-row settings (a tensor, when given, replaces
-// its scalar) and the seeded mode. The processed log-probs share the sampler's kernels (csrc/sampling.cu).
+// its scalar) and the seeded mode. sample_processed: the same arguments and draw, and each drawn id's processed
+// log-prob from the same kernels in the same pass. The processed log-probs share the sampler's kernels
+// (csrc/sampling.cu).
 TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None, "
         "int error_record=0, int error_seq=0, float min_p=0.0, Tensor? temperature_rows=None, "
         "Tensor? top_k_rows=None, Tensor? top_p_rows=None, Tensor? min_p_rows=None, bool seeded=False, int seed=0, "
         "Tensor? seed_rows=None, int offset=0, Tensor? offset_rows=None) -> Tensor ids");
+  m.def("sample_processed(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None, "
+        "int error_record=0, int error_seq=0, float min_p=0.0, Tensor? temperature_rows=None, "
+        "Tensor? top_k_rows=None, Tensor? top_p_rows=None, Tensor? min_p_rows=None, bool seeded=False, int seed=0, "
+        "Tensor? seed_rows=None, int offset=0, Tensor? offset_rows=None) -> (Tensor ids, Tensor logprobs)");
   m.def("logp_processed_forward(Tensor logits, Tensor token_ids, float temperature, int top_k, float top_p, "
         "float min_p, Tensor? temperature_rows, Tensor? top_k_rows, Tensor? top_p_rows, Tensor? min_p_rows, "
         "int ignore_index, bool compute_entropy, int error_record=0, int error_seq=0, int error_op=1, "
@@ -224,6 +257,7 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
 
 TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
   m.impl("sample", &rlkernel::ops::sample);
+  m.impl("sample_processed", &rlkernel::ops::sample_processed);
   m.impl("logp_processed_forward", &logp_processed_forward);
   m.impl("logp_processed_backward", &logp_processed_backward);
 }

@@ -211,17 +211,18 @@ def load_ncu(con, path: pathlib.Path | None) -> None:
 
 
 def analyze(src: Source, *, patterns: list[str] = (), ranges: list[str] = (), con=None, prepare=None,
-            phases: list[str] | None = None, step_range: str | None = None) -> Result:
+            phases: list[str] | None = None, step_range: str | None = None, strict_phases: bool = True) -> Result:
     """``prepare(con)``, when given, runs on the loaded ``src_*`` tables before staging (pipelines.ranks keeps
     one process of a multi-process export there). ``phases`` (a list, maybe empty: the rlkernel domain's
     ``phase:<name>`` ranges are phases anyway) and ``step_range`` ask for the RL-step view (steps.csv,
-    phases.csv, the headline: pipelines.phase_view); None leaves it out."""
+    phases.csv, the headline: pipelines.phase_view); None leaves it out. ``strict_phases`` False: a --phase or
+    --step-range name this trace lacks is no error (one rank of several: pipelines.ranks)."""
     with Heartbeat(src.trace.name).running() as beat:
-        return _analyze(src, patterns, ranges, con, beat, prepare, phases, step_range)
+        return _analyze(src, patterns, ranges, con, beat, prepare, phases, step_range, strict_phases)
 
 
 def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None, phases=None,
-             step_range=None) -> Result:
+             step_range=None, strict_phases=True) -> Result:
     t0 = time.perf_counter()
     beat.phase, beat.step = "loading", "the export"  # said only if it outlasts a heartbeat: bad input stays one line
     trace = trace_db.open_trace(src.trace, con)
@@ -277,7 +278,7 @@ def _analyze(src: Source, patterns, ranges, con, beat: Heartbeat, prepare=None, 
     view = None
     if phases is not None or step_range:
         beat("phases", len(questions), len(questions), "questions")
-        view = phase_view.build(c, distinct, list(phases or ()), step_range)
+        view = phase_view.build(c, distinct, list(phases or ()), step_range, strict_phases)
         if view is not None:
             tables["steps"], tables["phases"] = view.steps, view.phases
     seconds = time.perf_counter() - t0

@@ -185,8 +185,6 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
-    if args.ranks is not None and (args.phases or args.step_range):
-        raise UsageError("--phase and --step-range are not read with --ranks yet: analyse one rank's export")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
         return run_ranks(args)
     paths = [pathlib.Path(i) for i in args.inputs] or [default_input()]
@@ -297,7 +295,8 @@ def run_ranks(args: argparse.Namespace) -> int:
         title = f"{name}: {len(specs)} ranks"
         out = args.out if args.out is not None else cross_rank.default_out(name)
         check_outputs([out])
-        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges)) for s in specs]
+        jobs = [ranks.RankJob(s, tuple(args.fused_pattern), tuple(args.ranges), phases=tuple(args.phases),
+                              step_range=args.step_range) for s in specs]
         t0 = time.perf_counter()
         partials = ranks.run_jobs(jobs, args.executor, args.jobs)
     except ranks.RanksError as e:
@@ -307,6 +306,10 @@ def run_ranks(args: argparse.Namespace) -> int:
     analysis.progress(f"{len(specs)} ranks mapped in {time.perf_counter() - t0:.1f} s; reducing")
     red = cross_rank.reduce(partials)
     check_ranges(args.ranges, [red.tables["range_summary"]])
+    try:
+        cross_rank.check_phase_names(red, args.phases, args.step_range)
+    except phase_view.PhaseError as e:
+        raise UsageError(str(e)) from None
     fails = cross_rank.failures(red) if args.require_fused else []
     try:
         written = outdir.replace_dir(out, cross_rank.outputs(red, title, fails), on_wait=lambda: say(
@@ -316,6 +319,8 @@ def run_ranks(args: argparse.Namespace) -> int:
     analysis.progress(f"{len(specs)} ranks reduced and written at {time.perf_counter() - t0:.1f} s")
     say(f"{PROG}: wrote {len(written)} files to {out} ({len(specs)} ranks)")
     for line in cross_rank.headline(cross_rank.summary(red.cross)):
+        say(line)
+    for line in cross_rank.phase_lines(red):
         say(line)
     if cross_rank.no_comm_kernels(red.cross):
         say("  note: " + cross_rank.COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)))

@@ -1,7 +1,8 @@
 """`analyze --ranks DIR`, the reduce side: the ranks' Parquet partials unioned with DuckDB, the cross-rank table
-(``queries/cross_rank.sql``), and the outputs: every single-trace CSV with a leading ``rank`` column (the union
-of the per-rank tables), ``ranks.csv``, ``cross_rank.csv`` and one HTML report (reports_templates/
-cross_rank.html.j2).
+(``queries/cross_rank.sql``), the RL phases across ranks (``queries/cross_rank_phases.sql``), and the outputs:
+every single-trace CSV with a leading ``rank`` column (the union of the per-rank tables; steps.csv and phases.csv
+too where the ranks have RL phases), ``ranks.csv``, ``cross_rank.csv``, ``phases_cross_rank.csv`` and one HTML
+report (reports_templates/cross_rank.html.j2).
 """
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import tempfile
 import duckdb
 import pandas as pd
 
-from pipelines import analysis, ranks, report, sql, trace_db
+from pipelines import analysis, phase_view, ranks, report, sql, trace_db
 
 COLUMNS = ["range", "rank", "instances", "range_total_ns", "span_ns", "busy_ns", "start_offset_ns", "verdict",
            "required_fused", "comm_ns", "compute_ns", "overlap_ns", "slowest_rank", "spread", "fused_all_ranks",
            "busy_imbalance"]
 RANK_COLUMNS = ["rank", "source", "pid", "device", "session_start_ns", "kernels", "memory_ops", "ranges"]
+PHASE_COLUMNS = ["name", "phase", "rank", "instances", "total_ns", "med_ns", "step_share_pct", "gpu_busy_ns",
+                 "busy_pct", "host_syncs", "syncs_per_step", "logprob_by", "logprob_ns", "slowest_rank", "spread",
+                 "busiest_rank", "busy_imbalance"]
 SUMMARY_COLUMNS = ["range", "ranks_with_range", "slowest_rank", "spread", "busiest_rank", "busy_imbalance",
                    "fused_all_ranks", "verdicts"]
 CLOCK_NOTE = ("Each rank's times are placed on one host clock: its trace's timestamps plus the trace's "
@@ -32,6 +36,7 @@ class Reduced:
     tables: dict[str, pd.DataFrame]  # the single-trace tables, unioned, with a leading rank column
     cross: pd.DataFrame  # cross_rank.csv
     infos: list[dict]
+    phases: pd.DataFrame | None = None  # phases_cross_rank.csv; None: no rank has RL phases
 
 
 def _union(con, paths: list[pathlib.Path]) -> pd.DataFrame:
@@ -67,9 +72,39 @@ def reduce(partials: list[ranks.RankPartial]) -> Reduced:
         # there or in the offsets from the earliest rank. Name the rank whose start is farthest from zero.
         worst = max(partials, key=lambda p: abs(p.info["session_start_ns"] or 0))
         raise trace_db.out_of_range(pathlib.Path(worst.info["trace"]), e) from None
+    phases = None
+    if "phases" in tables and len(tables["phases"]):
+        rank_phases = tables["phases"].copy()
+        rank_phases["ord"] = rank_phases.groupby("rank").cumcount()  # phases.csv's order, per rank
+        con.register("rank_phases", rank_phases)
+        phases = con.execute(sql.text("cross_rank_phases")).df()
     rows = [{"rank": p.rank, "source": p.info["source"], "pid": p.info["pid"], "device": p.info["device"],
              "session_start_ns": p.info["session_start_ns"], **p.info["counts"]} for p in partials]
-    return Reduced(pd.DataFrame(rows, columns=RANK_COLUMNS), tables, cross, [p.info for p in partials])
+    return Reduced(pd.DataFrame(rows, columns=RANK_COLUMNS), tables, cross, [p.info for p in partials], phases)
+
+
+def check_phase_names(red: Reduced, phases: list[str], step_range: str | None) -> None:
+    """phase_view.PhaseError for a --phase or --step-range name no rank has (each rank's map step let it pass)."""
+    summ = red.tables.get("range_summary")
+    names = sorted(set(summ["range"])) if summ is not None and len(summ) else []
+    messages = sorted({n.split(":", 1)[1] for n in names if ":" in n})  # `domain:message`: the closest by message
+    phase_view.check_names(names, phases, step_range, messages, where="any rank")
+
+
+def phase_lines(red: Reduced) -> list[str]:
+    """The terminal's RL-step lines: each rank's headline, then the phase (the step apart) whose busiest rank is
+    furthest above the median rank."""
+    lines = [f"  rank {i['rank']}: {i['headline']}" for i in red.infos if i.get("headline")]
+    p = red.phases
+    if p is not None and len(p):
+        inner = p[p["phase"].notna() & ~p["phase"].str.endswith(":" + phase_view.PHASE_PREFIX + phase_view.STEP_NAME)]
+        inner = inner[inner["busy_imbalance"].notna()]
+        if len(inner):
+            r = inner.sort_values(["busy_imbalance", "name"], ascending=[False, True]).iloc[0]
+            lines.append(f"  phase {r['name']}: busiest rank {int(r['busiest_rank'])} (busy imbalance "
+                         f"{r['busy_imbalance']:.3f}), slowest rank {int(r['slowest_rank'])} (spread "
+                         f"{r['spread']:.3f}); per rank in phases_cross_rank.csv")
+    return lines
 
 
 def failures(red: Reduced) -> list[str]:
@@ -175,6 +210,8 @@ def render_html(red: Reduced, title: str, fails: list[str]) -> bytes:
         "ranks": report.table(red.ranks, RANK_COLUMNS),
         "summary": report.table(summary(red.cross), SUMMARY_COLUMNS),
         "cross": report.table(red.cross, COLUMNS),
+        "headlines": [(i["rank"], i["headline"]) for i in red.infos if i.get("headline")],
+        "phases": report.table(red.phases, PHASE_COLUMNS) if red.phases is not None else None,
     }
     return report.environment().get_template("cross_rank.html.j2").render(**ctx).encode()
 
@@ -190,7 +227,13 @@ def csv_by_rank(df: pd.DataFrame, columns: list[str]) -> bytes:
 def outputs(red: Reduced, title: str, fails: list[str]) -> dict[str, bytes]:
     files = {f"{name}.csv": csv_by_rank(df, analysis.COLUMNS[name])
              for name, df in red.tables.items() if name in analysis.COLUMNS}
+    for name, columns in (("steps", None), ("phases", phase_view.PHASE_COLUMNS)):
+        df = red.tables.get(name)
+        if df is not None and len(df):  # steps.csv: the union's pct_<phase> columns, every rank's phases
+            files[f"{name}.csv"] = csv_by_rank(df, columns or [c for c in df.columns if c != "rank"])
     files["ranks.csv"] = report.csv_bytes(red.ranks, RANK_COLUMNS)
     files["cross_rank.csv"] = report.csv_bytes(red.cross, COLUMNS)
+    if red.phases is not None:
+        files["phases_cross_rank.csv"] = report.csv_bytes(red.phases, PHASE_COLUMNS)
     files["report.html"] = render_html(red, title, fails)
     return files

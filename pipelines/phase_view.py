@@ -47,20 +47,28 @@ def matches(rng: str, name: str) -> bool:
     return rng == name or rng.endswith(":" + name)
 
 
-def phase_specs(distinct: pd.DataFrame, phases: list[str], step_range: str | None) -> list[tuple[str, str, bool]]:
-    """(range, name, is_step) for every range that is a phase or the step. The rlkernel domain's `phase:<name>`
-    ranges are phases by default (`phase:step` the step, unless --step-range names another range); a --phase range
-    is named by its message. PhaseError for a --phase or --step-range that matches nothing."""
-    ranges = list(distinct[["range", "domain", "message"]].itertuples(index=False, name=None))
+def check_names(ranges: list[str], phases: list[str], step_range: str | None, messages: list[str] = (),
+                where: str = "the input") -> None:
+    """PhaseError for the first --phase or --step-range name that matches none of ``ranges``, with the closest."""
     for flag, name in [*(("--phase", p) for p in phases), *((("--step-range", step_range),) if step_range else ())]:
-        if not any(matches(r, name) for r, _, _ in ranges):
+        if not any(matches(r, name) for r in ranges):
             import difflib
 
-            close = difflib.get_close_matches(name, sorted({m for _, _, m in ranges} | {r for r, _, _ in ranges}),
-                                              n=3, cutoff=0.5)
+            close = difflib.get_close_matches(name, sorted(set(messages) | set(ranges)), n=3, cutoff=0.5)
             hint = f"; closest: {', '.join(close)}" if close else ("; the input has no NVTX ranges" if not ranges
                                                                     else "")
-            raise PhaseError(f"{flag} {name}: no such range in the input{hint}")
+            raise PhaseError(f"{flag} {name}: no such range in {where}{hint}")
+
+
+def phase_specs(distinct: pd.DataFrame, phases: list[str], step_range: str | None,
+                strict: bool = True) -> list[tuple[str, str, bool]]:
+    """(range, name, is_step) for every range that is a phase or the step. The rlkernel domain's `phase:<name>`
+    ranges are phases by default (`phase:step` the step, unless --step-range names another range); a --phase range
+    is named by its message. PhaseError for a --phase or --step-range that matches nothing, unless not ``strict``
+    (one rank of several: the name may be another rank's; check_names judges them all together)."""
+    ranges = list(distinct[["range", "domain", "message"]].itertuples(index=False, name=None))
+    if strict:
+        check_names([r for r, _, _ in ranges], phases, step_range, sorted({m for _, _, m in ranges}))
     out = {}
     for rng, domain, message in ranges:
         is_step = bool(step_range) and matches(rng, step_range)
@@ -80,14 +88,17 @@ def phase_specs(distinct: pd.DataFrame, phases: list[str], step_range: str | Non
     return specs
 
 
-def build(con, distinct: pd.DataFrame, phases: list[str] = (), step_range: str | None = None) -> PhaseView | None:
+def build(con, distinct: pd.DataFrame, phases: list[str] = (), step_range: str | None = None,
+          strict: bool = True) -> PhaseView | None:
     """The view over an analysed connection (dispatch staged), or None when the trace has no phase at all."""
-    specs = phase_specs(distinct, list(phases), step_range)
+    specs = phase_specs(distinct, list(phases), step_range, strict)
     if not specs:
         return None
     con.execute("CREATE OR REPLACE TEMP TABLE phase_spec (range VARCHAR, name VARCHAR, is_step BOOLEAN)")
     con.executemany("INSERT INTO phase_spec VALUES (?, ?, ?)", [list(s) for s in specs])
     con.execute("CREATE OR REPLACE TEMP TABLE phase_inst AS " + sql.text("phase_instances"))
+    con.execute("CREATE OR REPLACE TEMP TABLE phase_ops AS " + sql.text("phase_ops"))
+    con.execute("CREATE OR REPLACE TEMP TABLE phase_kernel_ops AS " + sql.text("phase_kernel_ops"))
     con.execute("CREATE OR REPLACE TEMP TABLE logprob_globs (rank INTEGER, family VARCHAR, pat VARCHAR)")
     con.executemany("INSERT INTO logprob_globs VALUES (?, ?, ?)", [list(r) for r in op_kernels.logprob_rows()])
     steps = sql.frame(con, "steps")

@@ -2,7 +2,8 @@
 the executors that map it over the ranks (a local process pool, or a Dask cluster).
 
 A rank is one export, or one process of a multi-process export. Its analysis is today's single-trace analysis
-(``analysis.analyze``, a pure function from one export to tables) plus one question of its own
+(``analysis.analyze``, a pure function from one export to tables, the RL-step view's steps and phases included)
+plus one question of its own
 (``queries/cross_rank_partial.sql``); what travels back is its tables as Parquet files (DuckDB's
 ``COPY ... (FORMAT parquet)``) and a small record, never the export. pipelines.cross_rank reduces them.
 """
@@ -62,6 +63,10 @@ class RankJob:
     ranges: tuple[str, ...] = ()
     comm_patterns: tuple[str, ...] = COMM_PATTERNS
     threads: int | None = None  # DuckDB threads; None: the CPUs this process may use
+    # the RL-step view (--phase, --step-range; the rlkernel domain's phase ranges anyway): each rank's steps and
+    # phases tables travel back with the others; a name this rank lacks is no error here (checked on the union)
+    phases: tuple[str, ...] = ()
+    step_range: str | None = None
 
 
 @dataclasses.dataclass
@@ -195,7 +200,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
     prepare = keep_process(spec.proc) if spec.proc is not None else None
     try:
         res = analysis.analyze(spec.source, patterns=list(job.patterns), ranges=list(job.ranges), con=con,
-                               prepare=prepare)
+                               prepare=prepare, phases=list(job.phases), step_range=job.step_range,
+                               strict_phases=False)
         con.execute("SET enable_progress_bar = false")  # a pool's bars would interleave on stderr
         # kept in DuckDB, not pandas: an all-NULL verdict column keeps its VARCHAR type in the Parquet file
         con.execute("CREATE OR REPLACE TEMP TABLE rank_partial AS " + sql.text("cross_rank_partial"),
@@ -221,7 +227,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
             "pid": spec.proc & _PID_MASK if spec.proc is not None else None, "device": spec.device,
             "session_start_ns": int(start) if start is not None else None, "counts": dict(res.counts),
             "patterns": list(res.patterns), "failures": analysis.failures(res), "meta": res.meta,
-            "rows": rows, "seconds": res.seconds}
+            "rows": rows, "seconds": res.seconds,
+            "headline": res.phase_view.headline if res.phase_view is not None else ""}
     return RankPartial(spec.rank, out, info)
 
 

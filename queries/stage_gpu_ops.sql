@@ -26,7 +26,8 @@ SELECT
     coalesce(n.value, '') AS kernel,
     coalesce(sn.value, n.value, '') AS kernel_short,
     r.globalTid AS launch_tid, r.start AS launch_start, r."end" AS launch_end, r.nameId AS api_id,
-    o.bytes, o.copy_kind, o.src_kind, o.dst_kind, o.src_dev, o.dst_dev, o.mem_kind
+    o.bytes, o.copy_kind, o.src_kind, o.dst_kind, o.src_dev, o.dst_dev, o.mem_kind,
+    o.name_id, o.short_id  -- the names' string ids: the RL-step view groups by them (integers), not the names
 FROM ops AS o
 LEFT JOIN src_CUPTI_ACTIVITY_KIND_RUNTIME AS r
     ON r.correlationId = o.correlationId AND (r.globalTid >> 24) = (o.globalPid >> 24)

@@ -141,10 +141,28 @@ def rlkernel_spec(archs: list[str] | None = None) -> _jit.Spec:
         raise ExtensionNotBuilt("extension not built", f"no csrc/*.cu or *.cpp sources in {root}")
     built = ",".join(archs)
     return _jit.Spec(name="_C", module=MODULE, label="rlkernel._C (the fused CUDA kernels)", root=root,
-                     sources=sources, include_dirs=("include",),
+                     sources=sources, include_dirs=("include", *_cutlass_dirs()),
                      # the shell that ninja runs the compiler under takes the single quotes off
                      cflags=(*_jit.CXX_FLAGS, f"-DRLKERNEL_BUILT_ARCHS='\"{built}\"'"),
-                     cuda_cflags=(*_jit.NVCC_FLAGS, *map(_gencode, archs)), archs=tuple(archs), with_cuda=True)
+                     cuda_cflags=(*_jit.NVCC_FLAGS, *_cutlass_flags(), *map(_gencode, archs)), archs=tuple(archs),
+                     with_cuda=True)
+
+
+def _cutlass_dirs() -> tuple[str, ...]:
+    """The CUTLASS headers' folder (absolute: root / an absolute path is that path), () without the wheel: then the
+    epilogue GEMM is built as a stub that refuses (csrc/linear_logp_epilogue.cu)."""
+    from rlkernel import cutlass_headers
+
+    inc = cutlass_headers.include_dir()
+    return (inc,) if inc else ()
+
+
+def _cutlass_flags() -> tuple[str, ...]:
+    """The wheel's version as a define: in the cache key, so other CUTLASS headers make another build."""
+    from rlkernel import cutlass_headers
+
+    v = cutlass_headers.version()
+    return (f"-DRLKERNEL_CUTLASS_VERSION={v.replace('.', '_')}",) if v and cutlass_headers.include_dir() else ()
 
 
 def csrc_dir():

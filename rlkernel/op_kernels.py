@@ -35,12 +35,17 @@ def helper_rows() -> list[tuple[str, str]]:
 # recognised by name only. Globs are matched as SQL GLOB against the short and the demangled name. TRL's chunked
 # log-prob kernels are the Triton functions `_forward_kernel` / `_backward_kernel` of trl/kernels/chunked_logprob.py
 # and logprob_entropy.py (TRL 1.16; nsys names a Triton kernel by its function: seen in tests/data/capture_trl);
-# Liger's are its Triton kernels (`liger_cross_entropy_kernel`, `_cross_entropy_kernel`, ...), not yet seen in a
-# capture; PyTorch's log_softmax is `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>` or
+# Liger's (liger-kernel 0.8.5) are its Triton kernels: `liger_cross_entropy_kernel` and `element_mul_kernel` of
+# LigerFusedLinearCrossEntropyLoss, `_selective_log_softmax_kernel` and `_grpo_loss_{fwd,bwd}_kernel[_seq]` of
+# triton_grpo_loss / fused_selective_log_softmax (first here: `*log_softmax*` below would take the selective one);
+# its chunked LigerFusedLinearGRPOLoss computes log-probs with plain PyTorch ops (matmul, amax, exp, log) that no
+# glob can tell apart (tools/traces/liger_job.py captures all of them: tests/data/capture_liger); PyTorch's
+# log_softmax is `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>` or
 # `softmax_warp_forward<..., (bool)1, ...>` (is_log_softmax set; `(bool)0` is a plain softmax, attention's).
 LOGPROB_FAMILIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("rlkernel fused", ("rlkernel_logp_*", "rlkernel_linear_logp_*")),
-    ("Liger", ("*liger*", "_cross_entropy_kernel*", "*element_mul_kernel*", "_jsd_kernel*")),
+    ("Liger", ("*liger*", "_cross_entropy_kernel*", "*element_mul_kernel*", "_selective_log_softmax_kernel*",
+               "_grpo_loss_fwd_kernel*", "_grpo_loss_bwd_kernel*", "_jsd_kernel*")),
     ("TRL chunked", ("_forward_kernel", "_backward_kernel", "triton_*log_softmax*gather*")),
     ("PyTorch log_softmax", ("*LogSoftMax*", "*log_softmax*", "*logsoftmax*",
                              "*softmax_warp_forward<*(bool)1, (bool)*", "*softmax_warp_backward<*(bool)1, (bool)*")),

@@ -46,11 +46,19 @@ step() {  # step NAME CMD...: run a compile, report it, remember a failure
   fi
 }
 
+# the epilogue GEMM's CUTLASS / CuTe headers (the pinned nvidia-cutlass wheel; without it that file compiles as a
+# stub that refuses, as the extension's build does)
+CUTLASS_INC=$("$PY" rlkernel/cutlass_headers.py) || { echo "compile gate: rlkernel/cutlass_headers.py failed" >&2; exit 3; }
+CUTLASS_FLAGS=()
+if [ -n "$CUTLASS_INC" ]; then CUTLASS_FLAGS=(-I"$CUTLASS_INC"); else echo "compile gate: no nvidia-cutlass headers: the epilogue GEMM compiles as its stub"; fi
+
 shopt -s nullglob
 cu_files=(csrc/*.cu)
 [ ${#cu_files[@]} -gt 0 ] || { echo "compile gate: no csrc/*.cu found" >&2; exit 1; }
 for cu in "${cu_files[@]}"; do
-  step "$cu [sm_80, sm_90a]" "$NVCC" -std=c++17 -O3 -Icsrc/include -Xptxas=-warn-spills \
+  # --expt-relaxed-constexpr: CuTe needs it, and torch's extension build passes it to every .cu
+  step "$cu [sm_80, sm_90a]" "$NVCC" -std=c++17 -O3 -Icsrc/include "${CUTLASS_FLAGS[@]}" --expt-relaxed-constexpr \
+    -Xptxas=-warn-spills \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
     -c "$cu" -o "$out/$(basename "$cu").o"
 done

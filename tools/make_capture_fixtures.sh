@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Make the fixtures of `pipelines.capture -- CMD` (issue 34) on a GPU node: three captures, each exported, stripped
+# Make the fixtures of `pipelines.capture -- CMD` (issue 34) on a GPU node: captures, each exported, stripped
 # (tools/traces/strip_export.py) and written beside NVIDIA's `nsys stats` and `nsys analyze` CSVs for the same file.
 #
 #   source .node-kit/env.sh && tools/make_capture_fixtures.sh OUTDIR [CASE ...]
 #
 # CASE (default all): trl (examples/trl_grpo_phases.py, one GRPO step of TRL's GRPOTrainer), torchrun (a 2-process
 # gloo torchrun of tools/traces/phases_job.py --steps 3: one export, two ranks), steps (--steps 5:7 of a 20-step
-# tools/traces/phases_job.py: only steps 5 to 7 in the trace). Output: OUTDIR/capture_<case>/{trace.sqlite,
+# tools/traces/phases_job.py: only steps 5 to 7 in the trace), liger (tools/traces/liger_job.py --steps 2: Liger's
+# log-prob kernels, one phase per family; needs liger-kernel). Output: OUTDIR/capture_<case>/{trace.sqlite,
 # manifest.json (both stripped), stats_<report>.csv, stats.log, rules_<rule>.csv, rules.log, recorded.json}, each
 # file under 5 MB (else it says which and exits 1); the whole runs stay in OUTDIR/runs/, the command's output in
 # OUTDIR/<case>.stdout, capture's in OUTDIR/<case>.log; what the analyzer says of each fixture is printed at the end.
@@ -15,7 +16,7 @@ case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;
 OUTDIR=${1:?usage: tools/make_capture_fixtures.sh OUTDIR [CASE ...]}
 OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd)  # absolute: the captures run from the project root
 shift
-CASES=${*:-trl torchrun steps}
+CASES=${*:-trl torchrun steps liger}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python}
 REPORTS=cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum,cuda_gpu_mem_time_sum,nvtx_pushpop_trace
@@ -96,7 +97,10 @@ for c in $CASES; do
       { capture steps --steps 5:7 -- "$PY" tools/traces/phases_job.py --steps 20 &&
         fixture steps "pipelines.capture --steps 5:7 -- tools/traces/phases_job.py --steps 20"; } \
         || failed="$failed $c" ;;
-    *) echo "unknown case $c (known: trl torchrun steps)"; exit 2 ;;
+    liger)
+      { capture liger -- "$PY" tools/traces/liger_job.py --steps 2 &&
+        fixture liger "tools/traces/liger_job.py --steps 2"; } || failed="$failed $c" ;;
+    *) echo "unknown case $c (known: trl torchrun steps liger)"; exit 2 ;;
   esac
 done
 

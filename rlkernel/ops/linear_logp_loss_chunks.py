@@ -25,6 +25,7 @@ from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import precision
 from rlkernel.ops.blas import float32_logits, float32_output_gemm
+from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.ops.rows import flat_ids
 
@@ -127,14 +128,22 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         tmp_b = torch.empty(vocab, dtype=tmp_dtype, device=h.device) if need_b else None
     need_grad = need_h or need_w or need_b
     c = max(1, min(spec.chunk, n))
+    # the epilogue GEMM's forward (float32 logits, no logits buffer); with a gradient the backward range recomputes
+    # the chunk's float32 logits (the float32-logits backward: its softmax is the forward's)
+    why = epilogue_gemm.reason(h, weight, bias, False, need_grad) if n else "n = 0"
+    epilogue_gemm.record("cublas" if why else "epilogue", why or "")
+    epilogue = why is None
+    logits32 = spec.logits32 or epilogue
     bias_mode = None
-    if spec.logits32:
+    if logits32:
         reason, bias_mode = float32_output_gemm(h.device, h.dtype)
         if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
             raise RuntimeError(f"{OP}: float32 logits unavailable: {reason}")
-    buf = torch.empty((c, vocab), dtype=torch.float32 if spec.logits32 else h.dtype, device=h.device)  # the workspace
+    # the workspace (none for the epilogue GEMM without a gradient)
+    buf = torch.empty((c if need_grad or not epilogue else 0, vocab), dtype=torch.float32 if logits32 else h.dtype,
+                      device=h.device)
     # float32 logits: their gradient rounded once to the inputs' dtype, the operand of the dH / dW / db GEMMs
-    gbuf = torch.empty((c, vocab), dtype=h.dtype, device=h.device) if spec.logits32 and need_grad else None
+    gbuf = torch.empty((c, vocab), dtype=h.dtype, device=h.device) if logits32 and need_grad else None
     ones = torch.ones((c,), dtype=h.dtype, device=h.device) if need_b else None
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     wt = weight.t()
@@ -143,19 +152,20 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         hc, idc, logits = h[s:e], ids[s:e], buf[:e - s]
         address, seq, sync = errors.begin(OP, h.device, spec.ids_shape, vocab, offset=s)
         with op_range(RANGE):
-            if bias_mode is not None:
-                float32_logits(hc, wt, bias, logits, bias_mode)
-            elif bias is None:
-                torch.mm(hc, wt, out=logits)
+            if epilogue:
+                logp, ent, stats = epilogue_gemm.forward(hc, weight, bias, idc, spec.temperature, spec.ignore_index,
+                                                         True, address, seq)
             else:
-                torch.addmm(bias, hc, wt, out=logits)
-            with torch._C._AutoDispatchBelowAutograd():
-                logp, ent, stats = forward(logits, idc, spec.temperature, spec.ignore_index, True, address, seq,
-                                           errors.ERR_LOGP_BAD_ID, False, "fused")
+                _chunk_logits(hc, wt, bias, logits, bias_mode)
+                with torch._C._AutoDispatchBelowAutograd():
+                    logp, ent, stats = forward(logits, idc, spec.temperature, spec.ignore_index, True, address, seq,
+                                               errors.ERR_LOGP_BAD_ID, False, "fused")
         loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
         total.add_(loss)
         if need_grad:
             with op_range(RANGE):
+                if epilogue:  # the recompute: the float32 logits whose softmax the forward folded
+                    _chunk_logits(hc, wt, bias, logits, bias_mode)
                 backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
                 if gbuf is not None:
                     torch.ops.rlkernel.linear_logp_cast(logits, gbuf[:e - s])
@@ -178,6 +188,16 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                         db.addmv_(logits.t(), ones[:e - s])
         errors.after_call(h.device, sync)
     return _result(total, hidden, stored_w, stored_b, dh, dw, db)
+
+
+def _chunk_logits(hc, wt, bias, logits, bias_mode):
+    """logits = hc @ wt (+ bias): float32 by ``blas.float32_logits`` where ``bias_mode`` is set, else the dtype's."""
+    if bias_mode is not None:
+        float32_logits(hc, wt, bias, logits, bias_mode)
+    elif bias is None:
+        torch.mm(hc, wt, out=logits)
+    else:
+        torch.addmm(bias, hc, wt, out=logits)
 
 
 def _native_logp(logits, safe, valid, bad, temperature, cdtype):

@@ -34,9 +34,12 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     mode = check_return_logprobs(return_logprobs)
     rec = dispatch.resolve("sample", backend, require_fused, logits.device, logits.dtype)
     if rec.status == "fused":
+        # unfiltered, the processed law is the plain one and rlkernel.logp takes its plain kernel: so does this (the
+        # filtered case comes out of the sampler's own pass, bitwise the processed logp kernel's)
+        fused_mode = True if mode == "processed" and not settings.filtered(logits.shape[-1]) else mode
         ids, lp = sample_fused(logits, temperature=settings.temperature, top_k=settings.top_k,
                                top_p=settings.top_p, min_p=settings.min_p, generator=generator, seed=seed,
-                               offset=offset, return_logprobs=mode)
+                               offset=offset, return_logprobs=fused_mode)
     else:
         with torch.no_grad():
             ids, lp = sample_native(logits, settings=settings, generator=generator, seed=seed, offset=offset,

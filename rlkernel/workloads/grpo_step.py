@@ -58,7 +58,8 @@ def _compare_grpo(inp) -> str | None:
 
 def _grpo_bytes(s: Shape, dtype) -> int:
     # The vocabulary-sized tensors of one step, R = batch * completion rows of V logits in the logits' dtype:
-    # rollout head writes + sampler reads + the rollout's raw logp reads (3), policy head writes per position +
+    # rollout head writes + sampler reads (its processed log-probs come out of that read: docs/contracts.md,
+    # section 1) + the rollout's raw logp reads (3), policy head writes per position +
     # stack copy (read, write) + logp forward reads (4), reference head writes + logp reads (2), logp backward
     # reads logits, writes their gradient, the head's backward reads it (3): 12 passes (rollout_logprobs "raw",
     # the default; "processed" adds a second policy logp). Plus the float32 head weight (V x H): read
@@ -71,10 +72,11 @@ def _grpo_bytes(s: Shape, dtype) -> int:
 
 def _grpo_flops(s: Shape, dtype) -> int:
     # head GEMMs 2*R*H*V each: rollout, policy and reference forwards, two backward GEMMs (5); the softmax
-    # passes at 5 flops per logit: sampler, its log-prob, the rollout's raw logp, policy and reference logp
-    # forwards, logp backward (6).
+    # passes at 5 flops per logit: sampler (its processed log-probs included: the kept set's mass is summed in
+    # the same pass, over the few kept tokens), the rollout's raw logp, policy and reference logp forwards, logp
+    # backward (5).
     R, V, H = s.rows, s.vocab_size, _GRPO_HIDDEN
-    return 5 * 2 * R * H * V + 6 * 5 * R * V
+    return 5 * 2 * R * H * V + 5 * 5 * R * V
 
 
 def workloads(path: str, backend: str) -> list[Workload]:

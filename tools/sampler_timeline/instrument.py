@@ -54,7 +54,7 @@ PLACES = [
     ("  const uint32_t before = block_exclusive_scan<kRowThreads>(c, sm.scan, &total);\n", "  RLK_TL_SEL(2)\n", False),
     ("  const int m = top_by_threshold(sm,", "  RLK_TL_SEL(3)\n", True),
     ("  if (m > 0) {\n", "    RLK_TL_SEL(4)\n", False),
-    ("    const KeptStats k = finish_sorted<kStats>(sm.sorted, m, args, sm.finish);\n", "    RLK_TL_SEL(5)\n", False),
+    ("    const KeptStats k = finish_sorted<kMode>(sm.sorted, m, args, sm.finish);\n", "    RLK_TL_SEL(5)\n", False),
 ]
 
 

@@ -43,9 +43,39 @@ struct LinearGradArgs : RowGradArgs {  // dtype, T, ignore_index and the rows' g
   void* stream;
 };
 
+// The epilogue GEMM (csrc/linear_logp_epilogue.cu, issue 37): hidden @ weight^T on Hopper with the softmax folded
+// into the GEMM's epilogue (no logits tile), then the merge into logp / entropy / stats.
+struct LinearEpilogueArgs {
+  const void* hidden;        // [n_rows, hidden_size], row stride hidden_stride, 16-byte aligned
+  int64_t hidden_stride;
+  const void* weight;        // [vocab, hidden_size] contiguous, 16-byte aligned
+  const void* bias;          // [vocab] or nullptr
+  const int64_t* ids;        // [n_rows]
+  int64_t n_rows;
+  int64_t hidden_size;
+  int64_t vocab;
+  ElemType dtype;            // bfloat16 or float16
+  double temperature;
+  int64_t ignore_index;
+  float* partial;            // [n_rows, linear_logp_epilogue_tiles(vocab, config), 4] float32 scratch
+  float* logp;               // [n_rows]
+  float* entropy;            // [n_rows], or nullptr for no entropy
+  float* stats;              // [n_rows, 2]
+  int64_t row0;              // first row in the call (positions in the error record)
+  ErrorSink errors;
+  int config;                // 0: cooperative 128 x 256 tiles; 1: ping-pong 128 x 128 (bfloat16 only)
+  int device;
+  void* stream;
+};
+
 // Each returns nullptr on success, else a static message.
 const char* linear_logp_fold(const LinearFoldArgs& args);
 const char* linear_logp_grad(const LinearGradArgs& args);
+// The epilogue GEMM: false where rlkernel._C was built without CUTLASS (then linear_logp_epilogue only refuses).
+bool linear_logp_epilogue_built();
+int64_t linear_logp_epilogue_tile_n(int config);             // vocabulary columns per partial
+int64_t linear_logp_epilogue_tiles(int64_t vocab, int config);  // partials per row
+const char* linear_logp_epilogue(const LinearEpilogueArgs& args);
 // out[c] (+)= sum over rows of tile[r, c] (float32), deterministic; partial: [linear_logp_colsum_blocks(n_rows), cols].
 int64_t linear_logp_colsum_blocks(int64_t n_rows);
 const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_rows, int64_t cols, ElemType dtype,

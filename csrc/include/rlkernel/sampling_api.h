@@ -77,9 +77,12 @@ const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int6
                           float temperature, int64_t top_k, double top_p, const PhiloxArgs& rng, int64_t* ids,
                           const ErrorSink& errors, void* workspace, size_t workspace_bytes, void* stream);
 
-// The same with per-row settings, min_p and seeds (SampleSettings).
+// The same with per-row settings, min_p and seeds (SampleSettings). logp non-null: also each drawn id's processed
+// log-prob (float32 [rows]; NaN where the id is -1) from the same kernels in the same pass (no second read of the
+// logits), bitwise what logp_processed_forward_launch gives for that id with the same settings: the kept set's
+// mass is summed by the same integer code, and the log-prob is the same expression of it (sampling_filter.cuh).
 const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
-                               const SampleSettings& settings, int64_t* ids, const ErrorSink& errors,
+                               const SampleSettings& settings, int64_t* ids, float* logp, const ErrorSink& errors,
                                void* workspace, size_t workspace_bytes, void* stream);
 
 // The processed log-prob forward: the sampler's own filter code finds each row's kept set (so the sampler and this

@@ -1,8 +1,8 @@
 // The exact law, on one row, by one block: p = softmax(s), s = logits / T; keep the top_k (ties: lower id);
 // keep the smallest prefix, in that order, whose mass reaches top_p; keep of those the tokens with
-// s >= s_max + ln(min_p); draw from the kept set by a Gumbel race (or, for the processed log-probs, sum its mass).
-// Written over an element source (the whole row from global memory); the fast path's finish_sorted
-// (sampling_kernels.cuh) is the same law on sorted candidates.
+// s >= s_max + ln(min_p); draw from the kept set by a Gumbel race (or, for the processed log-probs, sum its mass;
+// or both in one pass, for the sampler's own processed log-probs). Written over an element source (the whole row
+// from global memory); the fast path's finish_sorted (sampling_kernels.cuh) is the same law on sorted candidates.
 #pragma once
 
 #include "rlkernel/sampling_radix.cuh"
@@ -21,6 +21,8 @@ struct RowSource {
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < vocab; i += NT) f(float_key(scaled(to_float(__ldg(p + i)), inv_t)), i);
   }
+  // the scaled logit of one token, by the expression visit keys (kDrawLogp: the drawn id's)
+  __device__ __forceinline__ float scaled_at(int64_t i) const { return scaled(to_float(__ldg(p + i)), inv_t); }
 };
 
 template <int NT>
@@ -85,6 +87,13 @@ __device__ __forceinline__ RowNoise row_noise(const SampleSettings& s, int64_t r
   return RowNoise{unpack(s.generator), static_cast<uint32_t>(row)};
 }
 
+// What a kernel does with each row's kept set (the kernels' template argument kMode): draw an id (kDraw); sum the
+// kept set's masses for the processed log-prob forward (kStats: rlkernel.logp with filters); or both in one pass
+// (kDrawLogp: rlkernel.sample(..., return_logprobs="processed")): draw an id and write its processed log-prob from
+// the kept set's mass, summed by the same integer code as kStats sums it (fixed_weight, any order: the same bits),
+// so the sampler's log-prob is the logp forward's for that id bit for bit, with no second pass over the logits.
+constexpr int kDraw = 0, kStats = 1, kDrawLogp = 2;
+
 struct FilterArgs {
   int64_t vocab, row;
   bool argmax;  // temperature 0
@@ -92,14 +101,16 @@ struct FilterArgs {
   double top_p;
   float log_min_p;
   RowNoise noise;
-  int64_t* ids;  // draw mode: where the id goes
+  int64_t* ids;  // draw modes: where the id goes
+  float* logp;   // kDrawLogp: where the drawn id's processed log-prob goes (nullptr in the other modes)
   ErrorSink errors;
 };
 
 __device__ __forceinline__ FilterArgs filter_args(const RowSettings& r, const SampleSettings& s, int64_t vocab,
-                                                  int64_t row, bool draws, int64_t* ids, const ErrorSink& errors) {
+                                                  int64_t row, bool draws, int64_t* ids, float* logp,
+                                                  const ErrorSink& errors) {
   return FilterArgs{vocab, row, r.argmax, r.top_k, r.top_p, r.log_min_p,
-                    draws && !r.argmax ? row_noise(s, row) : RowNoise{RngSeedOffset{0, 0}, 0u}, ids, errors};
+                    draws && !r.argmax ? row_noise(s, row) : RowNoise{RngSeedOffset{0, 0}, 0u}, ids, logp, errors};
 }
 
 // The row's kept set as the processed log-probs need it (thread 0's copy is the valid one): ok false for a row
@@ -114,7 +125,22 @@ struct KeptStats {
 
 __device__ __forceinline__ void mark_bad_row(const FilterArgs& a) {  // one thread per row
   a.ids[a.row] = -1;
+  if (a.logp) a.logp[a.row] = NAN;  // kDrawLogp: no distribution, no log-prob (what kStats writes for it)
   report_error(a.errors, a.row, -1);
+}
+
+// log S, S = the kept set's mass (fixed point, 2^-40 units: S >= 1, the top token is always kept with weight
+// exactly 1), in the units of s; 0 at T = 0. The processed log-prob of a kept token of scaled logit s is then
+// kept_logp(s, s_max, float(log S)): stats mode's write_processed and the draw's log-prob (kDrawLogp) both
+// take these two, so they agree bit for bit.
+__device__ __forceinline__ double log_kept_mass(uint64_t mass, bool argmax) {
+  return argmax ? 0.0 : log(static_cast<double>(mass)) - 40.0 * 0.6931471805599453;
+}
+__device__ __forceinline__ float kept_logp(float s, float s_max, float log_s) { return (s - s_max) - log_s; }
+
+// kDrawLogp (thread 0): the drawn id's processed log-prob; s its scaled logit, mass the kept set's.
+__device__ __forceinline__ void write_drawn_logp(const FilterArgs& a, float s, float s_max, uint64_t mass) {
+  a.logp[a.row] = kept_logp(s, s_max, static_cast<float>(log_kept_mass(mass, a.argmax)));
 }
 
 // A per-row setting out of range: id -1 and a kErrOpBadArg entry with the argument's code (one thread per row).
@@ -142,9 +168,10 @@ __device__ __forceinline__ uint64_t top_p_target(double top_p, uint64_t z) {
   return min(max(target, uint64_t{1}), z);
 }
 
-// The exact law on one row. Draw mode (kStats false): writes the drawn id (or -1 and an error entry). Stats mode:
-// returns the kept set's KeptStats to thread 0 and writes nothing.
-template <int NT, bool kStats, class Src>
+// The exact law on one row. kDraw: writes the drawn id (or -1 and an error entry). kStats: returns the kept set's
+// KeptStats to thread 0 and writes nothing. kDrawLogp: as kDraw, and the drawn id's processed log-prob (NaN for a
+// row without a distribution), the kept set's mass summed in the draw's own visit of the row.
+template <int NT, int kMode, class Src>
 __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixSmem& sm) {
   KeptStats out{false, 0.f, 0, 0, 0};
   // 1. the row's largest key, whether it has a NaN, and (for T = 0) the first maximal id
@@ -162,12 +189,14 @@ __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixS
       const uint32_t top = static_cast<uint32_t>(best >> 32);
       // a NaN (the largest key) or no logit above -inf: no distribution at T = 0 either (contracts, section 1)
       const bool bad = top == kNanKey || top <= float_key(__uint_as_float(0xff800000u));
-      if (kStats) {
+      if (kMode == kStats) {
         out = KeptStats{!bad, key_float(top), uint64_t{1} << 40, 0, best};
       } else if (bad) {
         mark_bad_row(a);
       } else {
         a.ids[a.row] = unpack_id(best);
+        // the argmax's scaled logit is s_max itself (1/T = 1): (s - s_max) - 0, as write_processed computes it
+        if (kMode == kDrawLogp) write_drawn_logp(a, key_float(top), key_float(top), uint64_t{1} << 40);
       }
     }
     return out;
@@ -176,7 +205,7 @@ __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixS
   nan = block_max_u32<NT>(nan, sm.u32);
   const float s_max = key_float(mx);
   if (nan || isinf(s_max)) {  // softmax has no value: no distribution to draw from
-    if (!kStats && threadIdx.x == 0) mark_bad_row(a);
+    if (kMode != kStats && threadIdx.x == 0) mark_bad_row(a);
     return out;
   }
   const int id_bits = bits_for(a.vocab);
@@ -230,7 +259,7 @@ __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixS
     return key_float(key) >= s_floor;
   };
 
-  if (kStats) {  // 5s. the kept set's masses and its last element, in integers
+  if (kMode == kStats) {  // 5s. the kept set's masses and its last element, in integers
     uint64_t mass = 0, dmass = 0, low = 0;  // low: the largest ~pack_desc, i.e. the smallest kept pack_desc
     src.visit([&](uint32_t key, int64_t id) {
       if (!kept(key, id)) return;
@@ -245,11 +274,13 @@ __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixS
     return KeptStats{true, s_max, mass, dmass, ~low};
   }
 
-  // 5. the draw: a Gumbel race over the kept set
+  // 5. the draw: a Gumbel race over the kept set (kDrawLogp: and the kept set's mass, as 5s sums it)
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
+  uint64_t mass = 0;
   src.visit([&](uint32_t key, int64_t id) {
     if (!kept(key, id)) return;
+    if (kMode == kDrawLogp) mass += fixed_weight(key, s_max);
     const float sc = race_score(key_float(key), a.noise.rng, a.noise.word, id);
     if (better(sc, id, bs, bi)) {
       bs = sc;
@@ -257,7 +288,11 @@ __device__ KeptStats filter_and_draw(const Src& src, const FilterArgs& a, RadixS
     }
   });
   bi = block_best<NT>(bs, bi, sm.f32, sm.i64);
-  if (threadIdx.x == 0) a.ids[a.row] = bi;
+  if (kMode == kDrawLogp) mass = block_reduce_u64<NT>(mass, false, sm.u64);
+  if (threadIdx.x == 0) {
+    a.ids[a.row] = bi;
+    if (kMode == kDrawLogp) write_drawn_logp(a, src.scaled_at(bi), s_max, mass);
+  }
   return out;
 }
 

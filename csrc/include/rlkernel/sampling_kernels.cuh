@@ -489,16 +489,18 @@ struct FinishSmem {
   uint64_t mass[kFinishWarps];  // each finishing warp's total of the fixed-point weights
   float score[kFinishWarps];    // and its best (race score, id)
   int64_t id[kFinishWarps];
+  uint32_t key[kFinishWarps];   // kDrawLogp: the key of that best entry
   uint64_t kept_mass[kFinishWarps], kept_dmass[kFinishWarps], kept_low[kFinishWarps];  // stats mode
 };
 
 // The block, with the row's best n candidates in (key desc, id asc) order in sorted[0, min(n, kRun)) (n >= 1 real
 // ones; top_by_threshold's n is at least min(top_k, the row's candidates)): the same law as filter_and_draw on the
 // first m = min(top_k, n), in the same integer arithmetic, so the same kept set (and, with the same Philox noise per
-// (row, id), the same drawn id; in stats mode the same KeptStats, to thread 0). Entry e is thread e's (warps
-// 0 .. kFinishWarps - 1): its weight, its Philox draw and its logs run once per thread, not four times in a row on
-// one warp (which made this the longest stage of select). Every thread of the block calls it.
-template <bool kStats>
+// (row, id), the same drawn id; in stats mode the same KeptStats, to thread 0; kDrawLogp: the drawn id and its
+// processed log-prob, from the same kept mass). Entry e is thread e's (warps 0 .. kFinishWarps - 1): its weight,
+// its Philox draw and its logs run once per thread, not four times in a row on one warp (which made this the
+// longest stage of select). Every thread of the block calls it.
+template <int kMode>
 __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n, const FilterArgs& a,
                                                    FinishSmem& f) {
   KeptStats out{false, 0.f, 0, 0, 0};
@@ -509,11 +511,14 @@ __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n
                             : (top_key == kNanKey || isinf(s_max));  // NaN sorts first: it is the top
   if (bad || a.argmax) {  // the same for every thread: no barrier below is skipped by some only
     if (e == 0) {
-      if (kStats) {
+      if (kMode == kStats) {
         out = KeptStats{!bad, s_max, uint64_t{1} << 40, 0, sorted[0]};
+      } else if (bad) {
+        mark_bad_row(a);  // (kDrawLogp: log-prob NaN)
       } else {
-        a.ids[a.row] = bad ? -1 : unpack_id(sorted[0]);
-        if (bad) report_error(a.errors, a.row, -1);
+        a.ids[a.row] = unpack_id(sorted[0]);
+        // the argmax's scaled logit is s_max itself: (s - s_max) - 0, as write_processed computes it
+        if (kMode == kDrawLogp) write_drawn_logp(a, s_max, s_max, uint64_t{1} << 40);
       }
     }
     return out;
@@ -540,7 +545,7 @@ __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n
   // top-p: kept while the mass before it is < top_p * Z; then min_p: s >= s_max + ln(min_p)
   const bool kept = e < m && (a.top_p >= 1.0 || before < target) &&
                     key_float(key) >= min_p_floor(s_max, a.log_min_p);
-  if (kStats) {
+  if (kMode == kStats) {
     uint64_t km = kept ? w : 0, kd = kept ? fixed_dweight(key, s_max) : 0, low = kept ? ~v : 0;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -565,24 +570,39 @@ __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n
     }
     return out;
   }
+  // the race; kDrawLogp also carries the best entry's key along (its scaled logit: key_float inverts float_key)
+  // and sums the kept mass as stats mode does (integers: the same total in any order)
   float bs = -INFINITY;
   int64_t bi = INT64_MAX;
+  uint32_t bk = 0;
+  uint64_t km = kept ? w : 0;
   if (kept) {
     bi = unpack_id(v);
+    bk = key;
     bs = race_score(key_float(key), a.noise.rng, a.noise.word, bi);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float so = __shfl_xor_sync(kFullMask, bs, o);
     const int64_t io = __shfl_xor_sync(kFullMask, bi, o);
+    uint32_t ko = 0;
+    if (kMode == kDrawLogp) {
+      ko = __shfl_xor_sync(kFullMask, bk, o);
+      km += __shfl_xor_sync(kFullMask, km, o);
+    }
     if (better(so, io, bs, bi)) {
       bs = so;
       bi = io;
+      bk = ko;
     }
   }
   if (lane == 0 && warp < kFinishWarps) {
     f.score[warp] = bs;
     f.id[warp] = bi;
+    if (kMode == kDrawLogp) {
+      f.key[warp] = bk;
+      f.kept_mass[warp] = km;
+    }
   }
   __syncthreads();
   if (e == 0) {
@@ -591,9 +611,12 @@ __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n
       if (better(f.score[i], f.id[i], bs, bi)) {
         bs = f.score[i];
         bi = f.id[i];
+        if (kMode == kDrawLogp) bk = f.key[i];
       }
+      if (kMode == kDrawLogp) km += f.kept_mass[i];
     }
     a.ids[a.row] = bi;
+    if (kMode == kDrawLogp) write_drawn_logp(a, key_float(bk), s_max, km);
   }
   return out;
 }
@@ -699,29 +722,30 @@ __device__ __forceinline__ void write_processed(const T* row_ptr, int64_t row, i
     o.threshold[row] = 0;
     return;
   }
-  // log S in the units of s (S = mass * 2^-40 >= 1: the top token is always kept, with weight exactly 1)
-  const double log_s = r.argmax ? 0.0 : log(static_cast<double>(k.mass)) - 40.0 * 0.6931471805599453;
+  const double log_s = log_kept_mass(k.mass, r.argmax);  // the draw's log-prob (kDrawLogp) takes the same two
   const float h = r.argmax ? 0.f
                            : static_cast<float>(static_cast<double>(k.dmass) / static_cast<double>(k.mass) + log_s);
   const float ls = static_cast<float>(log_s);
   const float s = scaled(to_float(row_ptr[id]), r.inv_t);
   const bool kept = pack_desc(float_key(s), id) >= k.threshold;
-  o.logp[row] = kept ? (s - k.s_max) - ls : -INFINITY;
+  o.logp[row] = kept ? kept_logp(s, k.s_max, ls) : -INFINITY;
   if (o.entropy) o.entropy[row] = h;
   reinterpret_cast<float4*>(o.stats)[row] = make_float4(k.s_max, ls, h, r.argmax ? 0.f : r.inv_t);
   o.threshold[row] = static_cast<int64_t>(k.threshold);
 }
 
 // What a row needs before any filtering, the same in every kernel (block-uniform; thread 0 writes): returns false
-// when the row is done (draw mode: a bad setting; stats mode: an ignored row, a bad setting, a bad id).
-template <bool kStats>
+// when the row is done (draw modes: a bad setting, id -1, kDrawLogp's log-prob NaN; stats mode: an ignored row, a
+// bad setting, a bad id).
+template <int kMode>
 __device__ __forceinline__ bool row_prologue(int64_t row, int64_t vocab, const RowSettings& r, int64_t* ids,
                                              const ProcessedOut& o, const ErrorSink& errors, int64_t* id_out) {
   const bool first = threadIdx.x == 0;
-  if (!kStats) {
+  if (kMode != kStats) {
     if (r.bad < 0) return true;
     if (first) {
       ids[row] = -1;
+      if (kMode == kDrawLogp) o.logp[row] = NAN;
       report_bad_arg(errors, row, r.bad);
     }
     return false;
@@ -747,8 +771,9 @@ __device__ __forceinline__ bool row_prologue(int64_t row, int64_t vocab, const R
 }
 
 // (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
-// registers for fp32, but with a spill.) Stats mode (kStats): the processed log-prob forward, same kept set.
-template <typename T, bool kStats>
+// registers for fp32, but with a spill.) kMode (sampling_filter.cuh): kDraw draws; kStats is the processed log-prob
+// forward, same kept set; kDrawLogp draws and writes the drawn id's processed log-prob to out.logp (out.ids unused).
+template <typename T, int kMode>
 __global__ void __launch_bounds__(kRowThreads, 2)
     rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                            const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
@@ -761,8 +786,9 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   const int64_t row = blockIdx.x;
   const RowSettings rset = row_settings(settings, row, vocab);
   int64_t id = 0;
-  if (!row_prologue<kStats>(row, vocab, rset, ids, out, errors, &id)) return;
-  const FilterArgs args = filter_args(rset, settings, vocab, row, !kStats, ids, errors);
+  if (!row_prologue<kMode>(row, vocab, rset, ids, out, errors, &id)) return;
+  const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
+                                      kMode == kDrawLogp ? out.logp : nullptr, errors);
   const T* row_ptr = logits + row * row_stride;
   const bool fast = rset.argmax || (args.top_k >= 1 && args.top_k <= kMaxFastK);
   // splits <= kRowThreads (the launcher checks): one thread per chunk
@@ -771,9 +797,9 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   uint32_t total;
   const uint32_t before = block_exclusive_scan<kRowThreads>(c, sm.scan, &total);
   if (!fast || overflow || total > kMaxSmemCand) {
-    const KeptStats k = filter_and_draw<kRowThreads, kStats>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
-                                                             args, sm.radix);
-    if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+    const KeptStats k = filter_and_draw<kRowThreads, kMode>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
+                                                            args, sm.radix);
+    if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
     return;
   }
   if (threadIdx.x < splits) sm.offset[threadIdx.x] = before;
@@ -797,8 +823,8 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   __syncthreads();
   const int m = top_by_threshold(sm, static_cast<int>(total), static_cast<int>(args.top_k));
   if (m > 0) {
-    const KeptStats k = finish_sorted<kStats>(sm.sorted, m, args, sm.finish);
-    if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+    const KeptStats k = finish_sorted<kMode>(sm.sorted, m, args, sm.finish);
+    if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
     return;
   }
   // many ties at the k-th key: each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a
@@ -837,12 +863,12 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     for (int i = 0; i < 4; ++i) sm.sorted[lane * 4 + i] = v[i];
   }
   __syncthreads();
-  const KeptStats k = finish_sorted<kStats>(sm.sorted, static_cast<int>(total), args, sm.finish);
-  if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+  const KeptStats k = finish_sorted<kMode>(sm.sorted, static_cast<int>(total), args, sm.finish);
+  if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
 }
 
 
-template <typename T, bool kStats>
+template <typename T, int kMode>
 __global__ void __launch_bounds__(kRowThreads)
     rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, SampleSettings settings,
                          int64_t* ids, ProcessedOut out, ErrorSink errors) {
@@ -850,12 +876,13 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t row = blockIdx.x;
   const RowSettings rset = row_settings(settings, row, vocab);
   int64_t id = 0;
-  if (!row_prologue<kStats>(row, vocab, rset, ids, out, errors, &id)) return;
-  const FilterArgs args = filter_args(rset, settings, vocab, row, !kStats, ids, errors);
+  if (!row_prologue<kMode>(row, vocab, rset, ids, out, errors, &id)) return;
+  const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
+                                      kMode == kDrawLogp ? out.logp : nullptr, errors);
   const T* row_ptr = logits + row * row_stride;
   const KeptStats k =
-      filter_and_draw<kRowThreads, kStats>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm);
-  if (kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+      filter_and_draw<kRowThreads, kMode>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm);
+  if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
 }
 
 }  // namespace sampling

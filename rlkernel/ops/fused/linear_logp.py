@@ -42,6 +42,7 @@ from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import precision, second_order, sharded
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
+from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.rows import as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
@@ -191,10 +192,17 @@ def _tile_setup(rows2d, batch_invariant, logits32):
 
 
 def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-             logits32=False):
+             logits32=False, epilogue=False):
+    """(logp, entropy, stats); ``epilogue``: by the epilogue GEMM (``epilogue_gemm.reason`` said yes), else by cuBLAS
+    tiles and the fold kernel."""
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev = rows2d.device
+    if epilogue:
+        address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
+        out = epilogue_gemm.forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, address, seq)
+        errors.after_call(dev, sync)
+        return out
     tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
     block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     f32 = dict(dtype=torch.float32, device=dev)
@@ -301,14 +309,15 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
 class _FusedLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-                logits32, requested, operands, accumulation, regather):
+                logits32, epilogue, requested, operands, accumulation, regather):
         # operands: rows2d, weight, bias cast to the compute dtype (the caller's, outside the op range); the stored
         # tensors are saved and cast again for the backward (no compute-dtype copy of a weight kept in between)
         logp, entropy, stats = _forward(*operands, ids, temperature, ignore_index, return_entropy,
-                                        batch_invariant, shape, logits32)
+                                        batch_invariant, shape, logits32, epilogue)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
-        ctx.requested, ctx.logits32 = requested, logits32
+        # after the epilogue GEMM (float32 logits) the backward's softmax is that of float32 logits too
+        ctx.requested, ctx.logits32 = requested, logits32 or epilogue
         ctx.compute, ctx.accumulation, ctx.regather = operands[0].dtype, accumulation, regather
         ctx.set_materialize_grads(False)
         return logp, (entropy if return_entropy else None)
@@ -319,7 +328,7 @@ class _FusedLinearLogp(torch.autograd.Function):
         stored_h, stored_w, stored_b, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        none = (None,) * 11
+        none = (None,) * 12
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
@@ -364,10 +373,14 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
     operands = _operands(rows2d, weight, bias, cd)
     with op_range("op.linear_logp.forward"), precision.no_autocast(hidden.device):
         ids = flat_ids(token_ids)
-        args = (ids, float(temperature), int(ignore_index), bool(return_entropy), bool(batch_invariant),
-                token_ids.shape, bool(logits32))
+        rows_c, weight_c, bias_c = operands
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (hidden, weight, bias))
+        why = (epilogue_gemm.reason(rows_c, weight_c, bias_c, bool(batch_invariant), wants_grad) if ids.numel()
+               else "n = 0")
+        epilogue_gemm.record("cublas" if why else "epilogue", why or "")
+        args = (ids, float(temperature), int(ignore_index), bool(return_entropy), bool(batch_invariant),
+                token_ids.shape, bool(logits32), why is None)
         if wants_grad:
             logp, entropy = _FusedLinearLogp.apply(rows2d, weight, bias, *args, requested, operands, accumulation,
                                                    tuple(regather))

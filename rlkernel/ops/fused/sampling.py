@@ -3,7 +3,9 @@
 The op (schema and CUDA impl in csrc/sampling_op.cpp, kernels in csrc/include/rlkernel/sampling_kernels.cuh):
 ``torch.ops.rlkernel.sample(logits[N, V], temperature, top_k, top_p, generator=None, error_record=0, error_seq=0,
 min_p=0.0, temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None, seeded=False, seed=0,
-seed_rows=None, offset=0, offset_rows=None) -> ids[N] int64``. A ``*_rows`` tensor ([N], float32; top_k, seeds and
+seed_rows=None, offset=0, offset_rows=None) -> ids[N] int64``, and ``torch.ops.rlkernel.sample_processed`` (the same
+arguments) ``-> (ids[N] int64, logprobs[N] float32)``: the same draw, and each drawn id's processed log-prob from the
+same kernels in the same pass over the logits. A ``*_rows`` tensor ([N], float32; top_k, seeds and
 offsets int64) replaces its scalar: its values are read by the kernels only (the launch is chosen without them). A
 row without a distribution (a NaN, no logit above -inf, or at T > 0 a +inf logit) gets id -1 and is reported to the
 device error record at ``error_record`` under call ``error_seq`` (rlkernel.errors); a row whose per-row setting is
@@ -11,11 +13,14 @@ out of range gets id -1 and an ``ERR_BAD_ARG`` entry naming the argument.
 
 The draw is a Gumbel race over the kept set with Philox noise keyed by (generator seed, offset, row, token id), or,
 with ``seeded``, by (the row's seed, the row's offset, token id) only: then a row's id does not depend on the batch
-it is in. The same distribution as the native path, not the same ids for a seed. The log-probs of
-``return_logprobs`` come from the fused logp forward on the drawn ids (``logp_fused``, or for "processed"
-``logp_processed_fused`` with the same settings), so they are the training path's numbers bit for bit; those
-kernels open their own ``op.logp.forward`` range (after ``op.sample``) but leave no dispatch record: the log-probs
-are part of the sample call.
+it is in. The same distribution as the native path, not the same ids for a seed. ``return_logprobs="processed"``
+takes ``sample_processed``: the sampler's kernels sum the kept set's mass in the pass that draws, by the processed
+logp forward's own integer code, so the log-probs are ``logp_processed_fused``'s with the same settings bit for bit,
+inside ``op.sample`` and with no second kernel over the logits. ``return_logprobs=True`` (the unfiltered log-prob)
+still comes from the fused logp forward on the drawn ids (``logp_fused``, or ``logp_processed_fused`` without
+filters for a per-row T), after the draw, in its own ``op.logp.forward`` range: the sampler's fast path never sums
+the whole row, and the plain logp kernel's float reduction has another layout (docs/contracts.md, section 1). Either
+way no dispatch record of their own: the log-probs are part of the sample call.
 """
 from __future__ import annotations
 
@@ -29,12 +34,22 @@ from rlkernel.ops.rows import as_rows, eager_entry_ok, int64_arg, split_setting
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
 _SAMPLE_EAGER = None  # rlkernel._C.sample_eager: the same C++ without torch's op dispatcher (csrc/python_module.cpp)
+_SAMPLE_PROCESSED = None  # torch.ops.rlkernel.sample_processed.default
+_SAMPLE_PROCESSED_EAGER = None  # rlkernel._C.sample_processed_eager
 
 
 def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0, min_p=0.0,
                  temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None, seeded=False, seed=0,
                  seed_rows=None, offset=0, offset_rows=None):
     return torch.empty((logits.shape[0],), dtype=torch.int64, device=logits.device)
+
+
+def _sample_processed_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0,
+                           min_p=0.0, temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None,
+                           seeded=False, seed=0, seed_rows=None, offset=0, offset_rows=None):
+    n = logits.shape[0]
+    return (torch.empty((n,), dtype=torch.int64, device=logits.device),
+            torch.empty((n,), dtype=torch.float32, device=logits.device))
 
 
 def ensure_registered() -> None:
@@ -44,9 +59,12 @@ def ensure_registered() -> None:
         return
     module = _ext.load()
     torch.library.register_fake("rlkernel::sample")(_sample_fake)
-    global _SAMPLE, _SAMPLE_EAGER
+    torch.library.register_fake("rlkernel::sample_processed")(_sample_processed_fake)
+    global _SAMPLE, _SAMPLE_EAGER, _SAMPLE_PROCESSED, _SAMPLE_PROCESSED_EAGER
     _SAMPLE = torch.ops.rlkernel.sample.default  # the overload itself: no packet lookup per call
     _SAMPLE_EAGER = module.sample_eager
+    _SAMPLE_PROCESSED = torch.ops.rlkernel.sample_processed.default
+    _SAMPLE_PROCESSED_EAGER = module.sample_processed_eager
     _registered = True
 
 
@@ -55,7 +73,8 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     """Fused draw for validated CUDA logits; returns (ids int64 of shape logits.shape[:-1], float32 log-probs or
     None). Each setting is a Python number or a CUDA tensor with one value per row; ``seed`` (an int or int64 per
     row) with ``offset`` replaces ``generator``. ``return_logprobs``: False, True (raw: under softmax(logits / T),
-    T = 1 when T = 0) or "processed" (under the filtered law, bitwise ``logp_processed_fused``). No host sync."""
+    T = 1 when T = 0) or "processed" (under the filtered law, bitwise ``logp_processed_fused``, from the sampler's
+    own pass). No host sync."""
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
@@ -69,18 +88,18 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
     # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.rows), else the
-    # registered op; the same C++ either way
-    op = _SAMPLE_EAGER if eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows) else _SAMPLE
-    ids = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
-             k_rows, p_rows, mp_rows, seeded, int64_arg(s), s_rows, int64_arg(o), o_rows).view(lead)
-    lp = None
+    # registered op; the same C++ either way. "processed": the draw and its log-probs from one pass of the kernels.
+    eager = eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows)
+    processed = return_logprobs == "processed"
+    if processed:
+        op = _SAMPLE_PROCESSED_EAGER if eager else _SAMPLE_PROCESSED
+    else:
+        op = _SAMPLE_EAGER if eager else _SAMPLE
+    out = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
+             k_rows, p_rows, mp_rows, seeded, int64_arg(s), s_rows, int64_arg(o), o_rows)
+    ids, lp = (out[0].view(lead), out[1].view(lead)) if processed else (out.view(lead), None)
     report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
-    if return_logprobs == "processed":
-        # the processed forward itself (the sampler's own filter code: the same kept set), under this call's number
-        with torch.no_grad():
-            lp, _ = logp_processed_fused(logits, ids, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                         ignore_index=-100, return_entropy=False, report_as=report_as)
-    elif return_logprobs:
+    if return_logprobs and not processed:
         # the fused logp forward itself (same kernels, same bits as rlkernel.logp), without a dispatch record of its
         # own: the log-probs are part of this sample call, and so are their errors (a row without a distribution
         # has id -1 here, reported under the sample call's number, where the sampler already put the same entry)

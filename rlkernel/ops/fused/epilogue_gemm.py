@@ -1,0 +1,118 @@
+"""The epilogue GEMM forward of ``linear_logp`` (issue 37): one Hopper GEMM whose epilogue folds the float32
+accumulator into per-(row, 256-column tile) softmax partials, and a merge kernel; no logits tile at all
+(``rlkernel_linear_logp_epilogue_gemm_kernel``, ``rlkernel_linear_logp_epilogue_merge_kernel``:
+csrc/linear_logp_epilogue.cu).
+
+- Its logits are float32 (the accumulator, plus the bias in float32) whatever ``logits_dtype`` says: with the inputs'
+  dtype requested they are simply not rounded to 16 bits. The backward that follows it is the float32-logits one
+  (``logits32``), so the gradient's softmax is that of the forward's logits.
+- ``ENABLED`` (default False until measured on the H200) switches it on; ``reason`` says why a call does not take it
+  (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
+- Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+
+from rlkernel import _ext
+
+ENABLED = False  # the lead flips this where it wins (docs/benchmarks.md)
+# batch_invariant=True is covered: one tile shape, no split-K or stream-K (the persistent data-parallel scheduler),
+# each output element's K sum in the same order, and each row's partials merged in a fixed order: a row's results
+# depend neither on N nor on where it sits. False: batch-invariant calls keep the cuBLAS path.
+BATCH_INVARIANT = True
+# the kernel's config: 0 cooperative (128 x 256 tiles, 2 warpgroups per tile), 1 ping-pong (128 x 128 tiles, bfloat16
+# only: float16 runs 0), whose warpgroups alternate so one's epilogue hides under the other's mainloop
+CONFIG = 0
+PARTIAL_BYTES = 256 << 20  # the [rows, tiles] float4 partials of one launch
+_MIN_BLOCK = 128  # the GEMM's tile M
+_DTYPES = (torch.bfloat16, torch.float16)
+
+_lock = threading.Lock()
+_records: collections.Counter = collections.Counter()  # (kernel, reason) -> calls: "epilogue" / "cublas"
+
+
+def record(kernel: str, why: str = "") -> None:
+    with _lock:
+        _records[(kernel, why)] += 1
+
+
+def records() -> dict[tuple[str, str], int]:
+    """How many forwards took each kernel and why not the epilogue GEMM: {(kernel, reason): calls}."""
+    with _lock:
+        return dict(_records)
+
+
+def reset_records() -> None:
+    with _lock:
+        _records.clear()
+
+
+def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bool, need_backward: bool) -> str | None:
+    """None where the epilogue GEMM computes this forward; else why not (one line). ``need_backward``: the
+    backward will run, and needs the float32-logits GEMM (``blas.float32_output_gemm``) to match its softmax."""
+    if not ENABLED:
+        return "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
+    if rows2d.dtype not in _DTYPES:
+        return f"{rows2d.dtype} inputs (bfloat16 / float16 only)"
+    if batch_invariant and not BATCH_INVARIANT:
+        return "batch_invariant=True (epilogue_gemm.BATCH_INVARIANT is off)"
+    if torch.cuda.get_device_capability(rows2d.device) != (9, 0):
+        return "needs a compute capability 9.0 GPU (wgmma, TMA)"
+    if "sm_90a" not in _ext.built_archs():
+        return "rlkernel._C was built without sm_90a code"
+    if not torch.ops.rlkernel.linear_logp_epilogue_built():
+        return "rlkernel._C was built without the CUTLASS headers (pip install 'rlkernel[cuda]')"
+    n, hsize = rows2d.shape
+    if hsize == 0 or hsize % 8 or (n > 1 and rows2d.stride(0) % 8):
+        return "hidden size or row stride not a multiple of 8 (TMA's 16-byte strides)"
+    if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
+        return "weight or bias not contiguous"
+    if rows2d.data_ptr() % 16 or weight.data_ptr() % 16:
+        return "hidden or weight not 16-byte aligned (TMA)"
+    if n >= 2 ** 31 or weight.shape[0] >= 2 ** 31:
+        return "N or V >= 2^31"
+    if need_backward:
+        from rlkernel.ops.blas import float32_output_gemm
+
+        why, _ = float32_output_gemm(rows2d.device, rows2d.dtype, batch_invariant)
+        if why is not None:
+            return f"the backward's float32 logits are unavailable: {why}"
+    return None
+
+
+def config_for(dtype: torch.dtype) -> int:
+    return CONFIG if dtype == torch.bfloat16 else 0
+
+
+def block_rows(n: int, vocab: int, config: int = 0) -> int:
+    """Rows per launch: the partials of one launch within PARTIAL_BYTES, a multiple of the tile M."""
+    tiles = torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab, config)
+    rows = max(_MIN_BLOCK, PARTIAL_BYTES // (16 * tiles) // _MIN_BLOCK * _MIN_BLOCK)
+    return max(1, min(n, rows))
+
+
+def forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, address, seq, row0=0):
+    """(logp, entropy (empty without), stats [n, 2]) of validated inputs that ``reason`` accepted; bad ids go to the
+    error record at (address, seq), positions offset by ``row0``."""
+    n = rows2d.shape[0]
+    vocab = weight.shape[0]
+    f32 = dict(dtype=torch.float32, device=rows2d.device)
+    logp = torch.empty(n, **f32)
+    entropy = torch.empty(n if return_entropy else 0, **f32)
+    stats = torch.empty(n, 2, **f32)
+    if n == 0:
+        return logp, entropy, stats
+    config = config_for(rows2d.dtype)
+    block = block_rows(n, vocab, config)
+    partial = torch.empty(block * torch.ops.rlkernel.linear_logp_epilogue_tiles(vocab, config) * 4, **f32)
+    for r0 in range(0, n, block):
+        r1 = min(n, r0 + block)
+        torch.ops.rlkernel.linear_logp_epilogue(
+            rows2d[r0:r1], weight, bias, ids[r0:r1], partial, logp[r0:r1],
+            entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], float(temperature), int(ignore_index),
+            row0 + r0, address, seq, config)
+    return logp, entropy, stats
