@@ -37,6 +37,12 @@ on the base commit):
                 ratio to the plain fwd (targets <= 1.25x with top_k <= 1024, <= 2.2x top_p alone) and, for fwdbwd,
                 the backward alone (fwdbwd - fwd) against the plain one's (target <= 1.1x). Not in the default set:
                 --methods fwd,fwdbwd,proc-topk50-fwd,proc-topk50-fwdbwd,... (fwd and fwdbwd first, for the notes).
+  fwdbwd-accin  fwdbwd with grad_accumulation="input" (dW summed in the weight's dtype, the behaviour before the
+                option; fwdbwd itself runs the default "float32", and its note gives its ratio to this row: issue 31
+                target <= 1.05x);
+  fwd-mask, fwdbwd-mask   fwd / fwdbwd with mask= a CPU bool mask keeping the first half of the rows (no host
+                sync; the kept rows compacted before the GEMMs): notes give the ratio to the unmasked row (issue 31
+                target <= 0.55x).
 --logits-dtype (comma-separated, default "bf16"): "bf16" is the default contract (logits in the inputs' dtype,
 ``logits_dtype=None``), "float32" ``logits_dtype=torch.float32``; every method that has the choice runs once per
 value (rlkernel's methods; torch-* with float32 is PyTorch's float32 head, ``hidden.float() @ weight.float().T`` with
@@ -85,7 +91,8 @@ OPTION_METHODS = ["opt-rowT-fwd", "opt-rowT-fwdbwd", "opt-softcap-fwd", "opt-sof
 PROCESSED = {"topk50": dict(top_k=50), "topk1024-topp": dict(top_k=1024, top_p=0.9),
              "topk50-minp": dict(top_k=50, min_p=0.05), "topp": dict(top_p=0.9), "minp": dict(min_p=0.05)}
 PROCESSED_METHODS = [f"proc-{spec}-{kind}" for spec in PROCESSED for kind in ("fwd", "fwdbwd")]
-ALL_METHODS = DEFAULT_METHODS + ["native-fwdbwd"] + OPTION_METHODS + PROCESSED_METHODS
+ALL_METHODS = (DEFAULT_METHODS + ["native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask"]
+               + OPTION_METHODS + PROCESSED_METHODS)
 TEMPERATURE = 1.0  # --temperature sets it
 SOFTCAP, LOGIT_SCALE = 30.0, 0.0625  # --softcap, --logit-scale set them
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
@@ -93,7 +100,7 @@ EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # -
 EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "cluster": (2,), "both": (None, 0),
                     "all": (None, 0, 1, 2)}  # None: the cuBLAS path, else the epilogue GEMM's config
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
-                     "native-fwdbwd", *OPTION_METHODS, *PROCESSED_METHODS)
+                     "native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask", *OPTION_METHODS, *PROCESSED_METHODS)
 
 
 class Case:
@@ -121,6 +128,14 @@ class Case:
                 self._argmax = torch.cat([(self.hidden[r0:r0 + 2048] @ self.weight.t()).argmax(-1)
                                           for r0 in range(0, self.n, 2048)])
         return self._argmax
+
+    def half_mask(self):
+        """A CPU mask keeping the first half of the rows (padding at the end, as a packed batch has it; the error
+        columns' first rows are kept)."""
+        mask = torch.zeros(self.n, dtype=torch.bool)
+        mask[: self.n // 2] = True
+        return mask
+
 
 
 def exact_processed(case, rows: int, temperature: float, filters: dict):
@@ -216,21 +231,25 @@ def _method(name, case, logits_dtype=None):
                 return lsm.gather(-1, c.ids[:, None])[:, 0], -(lsm.exp() * lsm).sum(-1)
         run.values = values
         return run, nothing, 1, 0, None
-    if name in ("fwd", "bi-fwd"):
+    if name in ("fwd", "bi-fwd", "fwd-mask"):
         bi = name == "bi-fwd"
+        mask = c.half_mask() if name == "fwd-mask" else None
 
         def run():
             with torch.no_grad():
                 return rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE, return_entropy=True,
-                                            batch_invariant=bi, backend="fused", logits_dtype=logits_dtype)
+                                            batch_invariant=bi, backend="fused", logits_dtype=logits_dtype,
+                                            mask=mask)
         return run, nothing, 1, 8 * c.n, None
-    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc"):
+    if name in ("fwdbwd", "bi-fwdbwd", "native-fwdbwd", "fwdbwd-dtacc", "fwdbwd-accin", "fwdbwd-mask"):
         from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
         bi = name == "bi-fwdbwd"
         backend = "native" if name == "native-fwdbwd" else "fused"
         key = (c.hidden.device.index, c.dtype)
         dtype_acc = name == "fwdbwd-dtacc"
+        accumulation = "input" if name == "fwdbwd-accin" else "float32"
+        mask = c.half_mask() if name == "fwdbwd-mask" else None
 
         def run():
             saved = linear_logp_fused._dh_modes.get(key)
@@ -239,7 +258,8 @@ def _method(name, case, logits_dtype=None):
             try:
                 lp, ent = rlkernel.linear_logp(c.hidden, c.weight, c.ids, temperature=TEMPERATURE,
                                                return_entropy=True, batch_invariant=bi, backend=backend,
-                                               logits_dtype=logits_dtype)
+                                               logits_dtype=logits_dtype, grad_accumulation=accumulation,
+                                               mask=mask)
                 torch.autograd.backward([lp, ent], [c.gl, c.gh])
             finally:
                 if dtype_acc:
@@ -524,6 +544,13 @@ def main(argv=None) -> int:
                 plain = "fwdbwd" if name.endswith("fwdbwd") else "fwd"  # the cuBLAS-path row (--epilogue off)
                 if name in OPTION_METHODS and (plain, lname) in times:
                     note = f"{ms / times[(plain, lname)]:.3f}x {plain} (the option's cost when used)"
+                if label == "fwdbwd" and ("fwdbwd-accin", lname) in times:
+                    note = f"{ms / times[('fwdbwd-accin', lname)]:.3f}x grad_accumulation=input (target <= 1.05x)"
+                if label == "fwdbwd-accin" and ("fwdbwd", lname) in times:
+                    ratio32 = times[("fwdbwd", lname)] / ms
+                    note = f"fwdbwd (float32 accumulation) is {ratio32:.3f}x this (target <= 1.05x)"
+                if label.endswith("-mask") and (label[:-5], lname) in times:
+                    note = f"{ms / times[(label[:-5], lname)]:.3f}x unmasked, half the rows masked (target <= 0.55x)"
                 if lname == "float32" and (label, "bf16") in times and name in ("fwd", "fwdbwd"):
                     target = "1.15x" if name == "fwd" else "1.10x"
                     note = f"{ms / times[(label, 'bf16')]:.3f}x bf16 logits (target <= {target})"

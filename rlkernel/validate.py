@@ -295,7 +295,8 @@ def check_logits_dtype(logits_dtype) -> bool:
 
 def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, op: str) -> None:
     """The checks rlkernel.linear_logp and rlkernel.linear_logp_loss share: hidden [..., H], weight [V, H], bias [V]
-    or None, token_ids, temperature > 0 and ignore_index (tensor metadata only: no host sync on CUDA). On CPU the ids
+    or None (floating, any mix of dtypes: rlkernel.ops.precision picks the compute dtype), token_ids, temperature > 0
+    and ignore_index (tensor metadata only: no host sync on CUDA). On CPU the ids
     are checked last (their values: the one costly check), raising ``bad_id_error`` naming ``op``."""
     if isinstance(weight, torch.nn.Module) and isinstance(getattr(weight, "weight", None), torch.Tensor):
         bias_too = ", and bias=lm_head.bias" if getattr(weight, "bias", None) is not None else ""
@@ -317,16 +318,12 @@ def check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index
                          f"hidden; use rlkernel.logp on the bias (or zeros) instead")
     if weight.shape[0] >= 1 << 31:
         raise ValueError(f"weight has {weight.shape[0]} rows: the vocabulary must be < 2^31")
-    if weight.dtype != hidden.dtype:
-        raise TypeError(f"weight dtype {weight.dtype} must equal hidden dtype {hidden.dtype}")
     if weight.device != hidden.device:
         raise ValueError(f"hidden on {hidden.device} and weight on {weight.device}: must be on one device")
     if bias is not None:
         _tensor("bias", bias, floating=True)
         if bias.shape != weight.shape[:1]:
             raise ValueError(f"bias shape {tuple(bias.shape)} must be [V] = ({weight.shape[0]},)")
-        if bias.dtype != hidden.dtype:
-            raise TypeError(f"bias dtype {bias.dtype} must equal hidden dtype {hidden.dtype}")
         if bias.device != hidden.device:
             raise ValueError(f"hidden on {hidden.device} and bias on {bias.device}: must be on one device")
     if token_ids is None:  # entropy / statistics without ids (rlkernel.ops.linear_options checks it is asked)

@@ -243,12 +243,13 @@ def test_bad_arguments_raise_before_any_work():
     fn = grpo(adv, adv)
     bad = [
         (dict(hidden=hid.long()), TypeError, "hidden"),
-        (dict(weight=w.double()), TypeError, "weight dtype"),
+        (dict(weight=w.bfloat16(), bias=b.half()), TypeError, "mixed bfloat16 and float16"),
         (dict(weight=w[:, :3]), ValueError, "weight shape"),
         (dict(weight=w[None]), ValueError, r"weight must be \[V, H\]"),  # the checks linear_logp shares
         (dict(weight=w[:0]), ValueError, "vocabulary of size 0"),
         (dict(bias=b[:5]), ValueError, "bias shape"),
-        (dict(bias=b.double()), TypeError, "bias dtype"),
+        (dict(grad_accumulation="float16"), ValueError, "grad_accumulation"),
+        (dict(mask=ids), TypeError, "mask must be None or a bool"),
         (dict(token_ids=ids.float()), TypeError, "token_ids"),
         (dict(token_ids=ids[:1]), ValueError, "token_ids shape"),
         (dict(loss_fn=3), TypeError, "loss_fn"),

@@ -18,7 +18,7 @@ import numbers
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops import blas, second_order
+from rlkernel.ops import blas, precision, row_mask, second_order, sharded
 from rlkernel.ops import linear_logp_loss_chunks as chunks
 from rlkernel.ops.linear_options import check_options, fallback_for
 from rlkernel.validate import check_linear_args, check_logits_dtype
@@ -71,9 +71,9 @@ class _PrecomputedGrads(torch.autograd.Function):
     """Connects the loss to hidden, weight and bias; its backward scales the gradients computed in the forward."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, run, *anchors):
+    def forward(ctx, hidden, weight, bias, run, regather, *anchors):
         loss, grads = run(ctx.needs_input_grad[:3])
-        ctx.grads = grads
+        ctx.grads, ctx.regather = grads, regather
         ctx.save_for_backward(*anchors)  # what a refused second derivative hangs on (rlkernel.ops.second_order)
         return loss
 
@@ -85,33 +85,41 @@ class _PrecomputedGrads(torch.autograd.Function):
         grads, ctx.grads = ctx.grads, None
         # in place: the buffers are ours, and a copy of dW would cost V x H more memory
         scaled = tuple(g.mul_(grad_loss) if g is not None else None for g in grads)
-        return (*scaled, None, None, None, None)
+        # a ZeRO-3 weight partitioned again since the forward: whole again (no compute) for autograd to accumulate
+        # the whole gradient into it (rlkernel.ops.sharded)
+        with sharded.regathered(ctx.regather):
+            return (*scaled, None, None, None, None, None)
 
 
 def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor, loss_fn, *, bias=None,
                      temperature: float = 1.0, ignore_index: int = -100, reduction: str = "sum",
                      chunk_size: int | None = None, backend: str = "auto", require_fused: bool = False,
                      logits_dtype: torch.dtype | None = None, softcap: float | None = None,
-                     logit_scale: float = 1.0, top_k=0, top_p=1.0, min_p=0.0):
+                     logit_scale: float = 1.0, mask: torch.Tensor | None = None,
+                     grad_accumulation: str = "float32", top_k=0, top_p=1.0, min_p=0.0):
     """The loss ``reduce(loss_fn(logp, entropy, chunk_slice))`` over the tokens, with ``logp`` and ``entropy`` those
     of ``log_softmax((hidden @ weight.T + bias) / temperature)`` (as ``rlkernel.linear_logp`` gives them), without
     ever holding the N x V logits.
 
-    ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one dtype and device;
-    ``token_ids`` of shape ``hidden.shape[:-1]``. Tokens are taken flat, in chunks of ``chunk_size`` (default:
-    about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's float32 ``[c]`` log-probs and
-    entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index per-token
-    inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``: plain
-    differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp and
-    entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or "mean"
-    over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
+    ``hidden [..., H]``, ``weight [V, H]`` (the LM head's layout), ``bias [V]`` or None, one device, any floating
+    dtypes (one compute dtype for the GEMMs, gradients in each input's dtype, ``grad_accumulation`` "float32" or
+    "input" for dW / db, as for ``rlkernel.linear_logp``; under autocast ``loss_fn`` still runs under it);
+    ``token_ids`` of shape ``hidden.shape[:-1]``. ``mask`` (bool, ``hidden.shape[:-1]``): False rows are skipped (no
+    GEMM work, no loss, no gradient); ``chunk_slice`` is then an int64 tensor of the chunk's flat token positions
+    (indexing per-token inputs as the slice does). A DTensor weight is gathered once, a ZeRO-3 one for the call (its
+    gradients are computed in the forward: no second gather). Tokens are taken flat, in chunks of ``chunk_size``
+    (default: about 1 GiB of logits). ``loss_fn(logp, entropy, chunk_slice)`` gets the chunk's float32 ``[c]``
+    log-probs and entropies (float64 for float64 inputs) and the ``slice`` of the flat tokens they belong to (index
+    per-token inputs such as advantages or old log-probs with it), and returns the chunk's per-token losses ``[c]``:
+    plain differentiable torch code, run outside the op's NVTX ranges. Rows whose id is ``ignore_index`` get logp
+    and entropy 0 and their losses are left out (no gradient). ``reduction``: "sum" of the per-token losses, or
+    "mean" over the tokens that are not ignored (sum / max(count, 1)). Returns the reduced loss, a 0-dim tensor.
 
     The gradients of hidden, weight and bias (those that require grad) are computed during the call, and
     ``loss.backward()`` only scales them by the incoming gradient: backward once. ``logits_dtype=torch.float32``:
     the chunk's logits of 16-bit inputs stay float32 (as for ``rlkernel.linear_logp``; the default chunk then holds
-    half the tokens). ``loss_fn`` gets gradients only for
-    logp and entropy (tensors it closes over get none from this op). dW is accumulated over chunks in weight's
-    dtype. ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
+    half the tokens). ``loss_fn`` gets gradients only for logp and entropy (tensors it closes over get none from
+    this op). ``backend``: "auto", "fused" or "native", as for ``rlkernel.logp``; one dispatch record
     ``linear_logp_loss`` per call. On CUDA nothing waits for the GPU: an id outside [0, V) gives NaN logp and
     entropy (and NaN gradients) and goes to the device error record (``rlkernel.check_errors``); on CPU it raises
     ``IndexError`` at once. See docs/contracts.md.
@@ -129,6 +137,9 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
 
     if proc.wants_processed(temperature, top_k, top_p, min_p, None, None):
         proc.check_plain_options(softcap, logit_scale, (), token_ids, OP)
+        if mask is not None:
+            raise ValueError(f"{OP}: mask cannot be combined with the processed mode (top_k / top_p / min_p or "
+                             f"temperature 0) yet; give masked rows ignore_index instead")
         # the temperature is checked with the filters (0 and per-row tensors are allowed there)
         check_args(hidden, weight, token_ids, loss_fn, bias, 1.0, ignore_index, reduction, chunk_size)
         return proc.processed_loss(hidden, weight, token_ids, loss_fn, bias=bias, temperature=temperature,
@@ -136,15 +147,38 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
                                    reduction=reduction, chunk_size=chunk_size, backend=backend,
                                    require_fused=require_fused, logits_dtype=logits_dtype)
     logits32 = check_logits_dtype(logits_dtype)
+    acc = precision.check_grad_accumulation(grad_accumulation)
+    weight, bias = sharded.full(weight), sharded.full(bias)
+    zero = sharded.zero3_partitioned(weight, bias)
+    with sharded.gathered(zero):  # the gradients are computed inside: no second gather to compute them
+        return _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction,
+                                 chunk_size, backend, require_fused, logits32, mask, acc, zero, softcap, logit_scale)
+
+
+def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size,
+                      backend, require_fused, logits32, mask, acc, zero, softcap, logit_scale):
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
+    row_mask.check_mask(mask, hidden, OP)
+    if mask is not None:
+        idx = row_mask.kept_rows(mask, hidden.device)
+        if idx is None:  # a device mask under CUDA-graph capture: its rows ignored, no compaction
+            token_ids = row_mask.as_ignored(token_ids, mask, int(ignore_index))
+        else:
+            temperature = row_mask.compact_rows(temperature, hidden.shape[:-1], idx)  # a per-row T: its kept rows
+            hidden, token_ids = row_mask.compact(hidden, token_ids, idx)
+            user_fn = loss_fn
+
+            def loss_fn(logp, entropy, chunk_slice):  # the chunk's flat positions in the uncompacted tokens
+                return user_fn(logp, entropy, idx[chunk_slice])
     opts = None
     if isinstance(temperature, torch.Tensor) or softcap is not None or not (type(logit_scale) is float
                                                                             and logit_scale == 1.0):
         opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP)
-    logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT  # float32 / float64 logits already are
-    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, hidden.dtype, loss=True)
-           or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, hidden.dtype)
-           or dispatch.resolve(OP, backend, require_fused, hidden.device, hidden.dtype))
+    cd = precision.compute_dtype(hidden, weight, bias)
+    logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
+    rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, cd, loss=True)
+           or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, cd)
+           or dispatch.resolve(OP, backend, require_fused, hidden.device, cd))
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
     # the fused pass's number (a logit_scale folded in: z * scale / T = z / (T / scale)); the native one takes opts
     fused_t = temperature if opts is None else 1.0 if opts.per_row else opts.temperature / opts.scale
@@ -152,7 +186,8 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
                        ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else
-                       default_chunk(n, vocab, 4 if logits32 else hidden.element_size()), logits32=logits32)
+                       default_chunk(n, vocab, 4 if logits32 else cd.itemsize), logits32=logits32,
+                       compute=cd, accumulation=acc, autocast=precision.autocast_state(hidden.device))
     step = chunks.fused_pass if rec.status == "fused" else chunks.native_pass
 
     def run(needs):
@@ -163,6 +198,6 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
         # empty copies of the inputs that need a gradient: on their graphs, holding none of their memory (no kernel)
         anchors = tuple(t.as_strided((0,), (1,)).clone() if t is not None and t.requires_grad else None
                         for t in (hidden, weight, bias))
-        return _PrecomputedGrads.apply(hidden, weight, bias, run, *anchors)
+        return _PrecomputedGrads.apply(hidden, weight, bias, run, zero, *anchors)
     loss, _ = run((False, False, False))
     return loss

@@ -16,12 +16,14 @@ gradient before the output).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import torch
 
 from rlkernel import errors
 from rlkernel.nvtx_ranges import op_range
+from rlkernel.ops import precision
 from rlkernel.ops.blas import float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.linear_options import TEMPERATURE_CODE, Options
@@ -42,6 +44,9 @@ class Spec:
     chunk: int
     logits32: bool = False
     opts: Options | None = None  # per-row temperature, softcap, logit_scale (rlkernel.ops.linear_options): native only
+    compute: torch.dtype | None = None  # the GEMMs' dtype (rlkernel.ops.precision); None: hidden's
+    accumulation: str = "float32"  # grad_accumulation of dW / db
+    autocast: tuple | None = None  # the caller's autocast, re-entered for loss_fn
 
     def options(self) -> Options:
         return self.opts if self.opts is not None else Options(self.temperature)
@@ -60,7 +65,8 @@ def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bo
     with torch.enable_grad():
         lp = logp.detach().requires_grad_(need_grad)
         en = entropy.detach().requires_grad_(need_grad)
-        out = spec.loss_fn(lp, en, sl)
+        with precision.caller_autocast(spec.autocast):
+            out = spec.loss_fn(lp, en, sl)
         if not isinstance(out, torch.Tensor) or out.shape != lp.shape:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"loss_fn must return the chunk's per-token losses, shape {tuple(lp.shape)}, got {got}")
@@ -77,9 +83,10 @@ def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bo
 
 
 def _setup(hidden, weight, bias, token_ids, spec: Spec, needs, acc_dtype, loss_dtype, zeroed: bool):
-    """Rows, ids, the kept-row mask, the mean's divisor, and the gradient buffers (dW, db in ``acc_dtype``;
-    ``zeroed``: the pass adds into them from the first chunk on)."""
+    """Rows (in the compute dtype), ids, the kept-row mask, the mean's divisor, and the gradient buffers (dH in the
+    compute dtype, dW, db in ``acc_dtype``; ``zeroed``: the pass adds into them from the first chunk on)."""
     h, ids = _prepare(hidden, token_ids)
+    h = precision.cast(h.detach(), spec.compute or h.dtype)
     n, vocab = h.shape[0], weight.shape[0]
     need_h, need_w, need_b = needs[0], needs[1], bias is not None and needs[2]
     keep = ids != spec.ignore_index
@@ -91,21 +98,39 @@ def _setup(hidden, weight, bias, token_ids, spec: Spec, needs, acc_dtype, loss_d
     return h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b)
 
 
-def _result(total, hidden, weight, dh, dw, db):
-    dh = dh.view(hidden.shape) if dh is not None else None
+def _result(total, hidden, weight, bias, dh, dw, db):
+    """The loss and the gradients in their inputs' own dtypes."""
+    dh = dh.view(hidden.shape).to(hidden.dtype) if dh is not None else None
     dw = dw.to(weight.dtype) if dw is not None else None
-    db = db.to(weight.dtype) if db is not None else None
+    db = db.to(bias.dtype) if db is not None else None
     return total, (dh, dw, db)
+
+
+def _accumulator(weight, spec: Spec, compute, n: int):
+    return precision.accumulation_dtype(weight.dtype, compute, spec.accumulation, -(-n // max(1, spec.chunk)))
 
 
 def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V)."""
     from rlkernel.ops.fused import logp as fused_logp
+    from rlkernel.ops.fused.linear_logp import _accumulate_w, dh_accumulation
 
     forward, backward = fused_logp.forward_op(), torch.ops.rlkernel.logp_backward_inplace
+    cd = spec.compute or hidden.dtype
+    acc = _accumulator(weight, spec, cd, math.prod(hidden.shape[:-1]))
+    stored_w, stored_b = weight, bias
+    with torch.no_grad():  # the GEMM operands in the compute dtype, before any op range (torch's cast kernels)
+        weight, bias = precision.cast(weight, cd), precision.cast(bias, cd, contiguous=True)
     h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
-                                                                         needs, weight.dtype, torch.float32, False)
+                                                                         needs, acc, torch.float32, False)
     n, vocab = h.shape[0], weight.shape[0]
+    # float32 dW / db of 16-bit operands: the GEMMs sum into float32 (dh_accumulation's probe says how)
+    acc_mode = dh_accumulation(h.device, h.dtype) if acc != h.dtype and (need_w or need_b) else None
+    tmp_w = tmp_b = None
+    if acc_mode in ("dtype", "mm+add") and n > spec.chunk:  # more than one chunk: a product buffer
+        tmp_dtype = h.dtype if acc_mode == "dtype" else torch.float32
+        tmp_w = torch.empty(weight.numel(), dtype=tmp_dtype, device=h.device) if need_w else None
+        tmp_b = torch.empty(vocab, dtype=tmp_dtype, device=h.device) if need_b else None
     need_grad = need_h or need_w or need_b
     c = max(1, min(spec.chunk, n))
     # the epilogue GEMM's forward (float32 logits, no logits buffer); with a gradient the backward range recomputes
@@ -152,18 +177,22 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                     logits = gbuf[:e - s]
                 if need_h:
                     torch.mm(logits, weight, out=dh[s:e])
-                if need_w:
+                if need_w and acc_mode is not None:
+                    _accumulate_w(dw, logits.t(), hc, s == 0, acc_mode, tmp_w)
+                elif need_w:
                     if s == 0:  # the first chunk writes dW: no fill kernel
                         torch.mm(logits.t(), hc, out=dw)
                     else:
                         dw.addmm_(logits.t(), hc)
-                if need_b:
+                if need_b and acc_mode is not None:  # a [1, c] x [c, V] GEMM: float32 output, as dW's
+                    _accumulate_w(db[None], ones[None, :e - s], logits, s == 0, acc_mode, tmp_b)
+                elif need_b:
                     if s == 0:
                         torch.mv(logits.t(), ones[:e - s], out=db)
                     else:
                         db.addmv_(logits.t(), ones[:e - s])
         errors.after_call(h.device, sync)
-    return _result(total, hidden, weight, dh, dw, db)
+    return _result(total, hidden, stored_w, stored_b, dh, dw, db)
 
 
 def _chunk_logits(hc, wt, bias, logits, bias_mode):
@@ -194,9 +223,11 @@ def _native_logp(logits, safe, valid, bad, opts: Options, s: int, e: int, cdtype
 
 def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     """The same chunking in PyTorch: float32 softmax of one chunk, autograd of that chunk for its gradients."""
-    cdtype = compute_dtype(hidden.dtype)
+    gd = spec.compute or hidden.dtype
+    cdtype = compute_dtype(gd)
+    acc = _accumulator(weight, spec, gd, math.prod(hidden.shape[:-1]))
     h, ids, keep, denom, dh, dw, db, (need_h, need_w, need_b) = _setup(hidden, weight, bias, token_ids, spec,
-                                                                         needs, cdtype, cdtype, True)
+                                                                         needs, acc, cdtype, True)
     n, vocab = h.shape[0], weight.shape[0]
     need_grad = need_h or need_w or need_b
     opts = spec.options()
@@ -212,15 +243,16 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                                    torch.full_like(ids, TEMPERATURE_CODE))
             errors.note_native(errors.ERR_LOGP_BAD_ID, seq, address, h.device, bad_id, ids)
         errors.after_call(h.device, sync)
-    # float32 logits: float32 leaves (one upcast copy of weight), so each chunk's gradients stay float32 until dW
-    up = (lambda t: t.float()) if spec.logits32 else (lambda t: t)  # noqa: E731
+    # the GEMM operands in the compute dtype (a copy of the weight where that differs); float32 logits: float32
+    # leaves (one upcast copy of weight), so each chunk's gradients stay float32 until dW
+    up = (lambda t: t.float()) if spec.logits32 else (lambda t: precision.cast(t, gd))  # noqa: E731
     w = up(weight.detach()).requires_grad_(need_w)
     b = up(bias.detach()).requires_grad_(need_b) if bias is not None else None
     total = torch.zeros((), dtype=cdtype, device=h.device)
     c = max(1, min(spec.chunk, n))
     for s in range(0, n, c):
         e = min(n, s + c)
-        with op_range(RANGE), torch.enable_grad():
+        with op_range(RANGE), torch.enable_grad(), precision.no_autocast(h.device):
             hc = up(h[s:e].detach()).requires_grad_(need_h)
             logp, ent = _native_logp(torch.nn.functional.linear(hc, w, b), safe[s:e], valid[s:e], bad[s:e],
                                      opts, s, e, cdtype)
@@ -241,4 +273,4 @@ def native_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                         dw.add_(g)
                     else:
                         db.add_(g)
-    return _result(total, hidden, weight, dh, dw, db)
+    return _result(total, hidden, weight, bias, dh, dw, db)

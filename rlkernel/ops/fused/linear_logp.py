@@ -22,6 +22,12 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
   and a row's reductions run in a fixed order, so its results do not depend on N or on where it sits.
 
+- Mixed precision (``rlkernel.ops.precision``): the GEMM operands are the stored tensors cast to the compute dtype
+  (``_operands``: torch's cast / contiguous copies, before the op range, in the forward and again in the backward);
+  dW is summed over row blocks in ``grad_accumulation``'s dtype (float32: ``_accumulate_w``, the GEMMs writing and
+  adding into a float32 ``[V, H]``, rounded once at the end by the cast kernel when the weight is 16-bit), dH / db
+  written by the cast kernel straight in their stored dtypes. A ZeRO-3 weight is gathered again for the backward.
+
 Everything runs inside one NVTX range per call (``op.linear_logp.forward`` / ``.backward``), opened here: cuBLAS
 GEMM kernels and ``rlkernel_*`` kernels only. No host sync: bad ids go to the device error record.
 """
@@ -34,7 +40,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops import second_order
+from rlkernel.ops import precision, second_order, sharded
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.fused import linear_logp_options as fused_options
@@ -143,6 +149,21 @@ def _accumulate(acc, g, w, first: bool, tmp):
         torch.ops.rlkernel.linear_logp_cast(tmp, acc, True)
 
 
+def _accumulate_w(dw_c, g_t, h, first: bool, mode: str, tmp):
+    """dW[chunk] (=|+=) G^T @ H in a float32 accumulator of 16-bit operands (``grad_accumulation="float32"``), by
+    ``mode`` (``dh_accumulation``'s probe): float32 GEMM output where aten allows; "dtype" (no float32-output GEMM in
+    this torch): the 16-bit product in ``tmp``, added by torch's add kernel (a non-helper kernel in the op range)."""
+    if mode == "dtype":
+        product = tmp[: dw_c.numel()].view(dw_c.shape)
+        torch.mm(g_t, h, out=product)
+        if first:
+            dw_c.copy_(product)
+        else:
+            dw_c.add_(product)
+        return
+    _accumulate(dw_c, g_t, h, first, None if mode == "addmm" or first else tmp[: dw_c.numel()].view(dw_c.shape))
+
+
 def _blocks(n, block):
     for r0 in range(0, n, block):
         yield r0, min(n, r0 + block)
@@ -217,29 +238,43 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
 
 
 def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy, temperature, ignore_index,
-              batch_invariant, need_h, need_w, need_b, logits32=False, rows_opt=None):
+              batch_invariant, need_h, need_w, need_b, logits32=False, rows_opt=None, acc_dtype=None,
+              out_dtypes=(None, None)):
+    """dH, dW, db of the GEMM operands (rows2d, weight, bias: the compute dtype). dW in ``acc_dtype`` (default the
+    operands' dtype); dH / db written in ``out_dtypes`` (their stored dtypes; default the operands') where the cast
+    kernel can (from a float32 accumulator), else in the operands' dtype."""
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev, dtype = rows2d.device, rows2d.dtype
+    acc_dtype = acc_dtype or dtype
+    writable = (torch.float32, torch.bfloat16, torch.float16)  # the cast kernel's destinations
+    out_dtypes = tuple(d if d in writable else None for d in out_dtypes)
     if n == 0:  # no rows: nothing reaches the weight or the bias (zeros, not an unwritten buffer)
-        return (rows2d.new_empty(0, hsize) if need_h else None, torch.zeros_like(weight) if need_w else None,
+        return (rows2d.new_empty(0, hsize) if need_h else None,
+                torch.zeros(weight.shape, dtype=acc_dtype, device=dev) if need_w else None,
                 torch.zeros(vocab, dtype=dtype, device=dev) if need_b else None)
     tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
     block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     m = block if batch_invariant else min(block, n)
-    dh = torch.empty(n, hsize, dtype=dtype, device=dev) if need_h else None
-    dw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
-    db = torch.empty(vocab, dtype=dtype, device=dev) if need_b else None
+    dw = torch.empty(weight.shape, dtype=acc_dtype, device=dev) if need_w else None
+    db = torch.empty(vocab, dtype=out_dtypes[1] or dtype, device=dev) if need_b else None  # from float32 db32
     tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
     # float32 logits: the gradient tile rounded once to the inputs' dtype, the dW / dH GEMMs' operand
     grad_buf = torch.empty(m * cols, dtype=dtype, device=dev) if tile_dtype != dtype and (need_w or need_h) else None
     packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
-    acc = tmp = None
+    acc = tmp = dh = tmp_w = None
+    mode = dh_accumulation(dev, dtype, batch_invariant) if need_h or (need_w and acc_dtype != dtype) else None
     if need_h:
-        mode = dh_accumulation(dev, dtype, batch_invariant)
         acc = torch.empty(m, hsize, dtype=dtype if mode == "dtype" else torch.float32, device=dev)
         if mode == "mm+add" and cols < vocab:
             tmp = torch.empty(m, hsize, dtype=torch.float32, device=dev)
+        dh = torch.empty(n, hsize, dtype=(out_dtypes[0] or dtype) if acc.dtype == torch.float32 else dtype,
+                         device=dev)
+    w_mode = None
+    if need_w and acc_dtype != dtype:  # float32 dW of 16-bit operands: summed over blocks by the GEMM
+        w_mode = mode
+        if mode == "dtype" or (mode == "mm+add" and n > block):  # a product buffer: one chunk's [cols, H]
+            tmp_w = torch.empty(cols * hsize, dtype=dtype if mode == "dtype" else torch.float32, device=dev)
     db32 = partial = None
     if need_b:
         db32 = torch.empty(vocab, dtype=torch.float32, device=dev)
@@ -266,7 +301,9 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
             if grad_buf is not None:
                 g = grad_buf[: tile.numel()].view(tile.shape)
                 torch.ops.rlkernel.linear_logp_cast(tile, g)
-            if need_w:
+            if need_w and w_mode is not None:
+                _accumulate_w(dw[c0:c1], g.t(), h, r0 == 0, w_mode, tmp_w)
+            elif need_w:
                 dw_c = dw[c0:c1]
                 if r0 == 0:
                     torch.mm(g.t(), h, out=dw_c)
@@ -285,59 +322,84 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
 class _FusedLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
-                logits32, epilogue, rows_opt, requested):
-        logp, entropy, stats = _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy,
+                logits32, epilogue, rows_opt, requested, operands, accumulation, regather):
+        # operands: rows2d, weight, bias cast to the compute dtype (the caller's, outside the op range); the stored
+        # tensors are saved and cast again for the backward (no compute-dtype copy of a weight kept in between)
+        logp, entropy, stats = _forward(*operands, ids, temperature, ignore_index, return_entropy,
                                         batch_invariant, shape, logits32, epilogue, rows_opt)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
         # after the epilogue GEMM (float32 logits) the backward's softmax is that of float32 logits too
         ctx.requested, ctx.logits32, ctx.rows_opt = requested, logits32 or epilogue, rows_opt
+        ctx.compute, ctx.accumulation, ctx.regather = operands[0].dtype, accumulation, regather
         ctx.set_materialize_grads(False)
         return logp, (entropy if return_entropy else None)
 
     @staticmethod
     @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_entropy):
-        rows2d, weight, bias, ids, stats, entropy = ctx.saved_tensors
+        stored_h, stored_w, stored_b, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        none = (None,) * 10
+        none = (None,) * 13
         if grad_entropy is not None and entropy.numel() == 0:
             grad_entropy = None
         if grad_logp is None and grad_entropy is None:
             return (None, None, None) + none
-        with op_range("op.linear_logp.backward"), batch_invariant_blas(rows2d.dtype, rows2d.device,
-                                                                      ctx.batch_invariant):
-            dh, dw, db = _backward(
-                rows2d, weight, bias, ids, stats, entropy, row_grad(grad_logp), row_grad(grad_entropy),
-                ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w, need_b and bias is not None,
-                ctx.logits32, ctx.rows_opt)
-        return (dh, dw, db) + none
+        cd = ctx.compute
+        n = stored_h.shape[0]
+        block = plan(n, stored_w.shape[0], torch.float32 if ctx.logits32 else cd, ctx.batch_invariant)[0]
+        acc = precision.accumulation_dtype(stored_w.dtype, cd, ctx.accumulation, math.ceil(n / block))
+        with sharded.regathered(ctx.regather), precision.no_autocast(stored_h.device):
+            rows2d, weight, bias = _operands(stored_h, stored_w, stored_b, cd)  # before the range: torch's casts
+            with op_range("op.linear_logp.backward"), batch_invariant_blas(cd, rows2d.device, ctx.batch_invariant):
+                dh, dw, db = _backward(
+                    rows2d, weight, bias, ids, stats, entropy, row_grad(grad_logp), row_grad(grad_entropy),
+                    ctx.temperature, ctx.ignore_index, ctx.batch_invariant, need_h, need_w,
+                    need_b and bias is not None, ctx.logits32, ctx.rows_opt, acc,
+                    (stored_h.dtype, None if stored_b is None else stored_b.dtype))
+                if dw is not None and dw.dtype == torch.float32 and stored_w.dtype in (torch.bfloat16, torch.float16):
+                    out = torch.empty(dw.shape, dtype=stored_w.dtype, device=dw.device)
+                    torch.ops.rlkernel.linear_logp_cast(dw, out)  # the float32 accumulator rounded once
+                    dw = out
+        cast = lambda a, like: a if a is None or like is None or a.dtype == like.dtype else a.to(like.dtype)  # noqa
+        return (cast(dh, stored_h), cast(dw, stored_w), cast(db, stored_b)) + none
+
+
+def _operands(rows2d, weight, bias, cd):
+    """The GEMM operands: rows2d, weight (contiguous), bias (contiguous) in the compute dtype, detached copies where
+    a cast or a copy is needed (torch's kernels: the callers run this outside the op's NVTX range)."""
+    with torch.no_grad():
+        return (precision.cast(rows2d, cd), precision.cast(weight, cd, contiguous=True),
+                precision.cast(bias, cd, contiguous=True))
 
 
 def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
-                      batch_invariant=False, requested="auto", logits32=False, rows_opt=None):
+                      batch_invariant=False, requested="auto", logits32=False, rows_opt=None, compute=None,
+                      accumulation="float32", regather=()):
     """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
     No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``). ``rows_opt``: a per-row
     temperature and the softcap (``rlkernel.ops.fused.linear_logp_options.RowsOptions``), else None."""
     _ext.load()  # raises rlkernel._ext.ExtensionNotBuilt; the ops' schemas and impls are all C++: nothing to register
-    with op_range("op.linear_logp.forward"):
-        lead = hidden.shape[:-1]
-        rows2d = as_rows(hidden)
+    cd = compute or hidden.dtype
+    lead = hidden.shape[:-1]
+    rows2d = as_rows(hidden)
+    operands = _operands(rows2d, weight, bias, cd)
+    with op_range("op.linear_logp.forward"), precision.no_autocast(hidden.device):
         ids = flat_ids(token_ids)
-        weight_c = weight if weight.is_contiguous() else weight.contiguous()
-        bias_c = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+        rows_c, weight_c, bias_c = operands
         wants_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (hidden, weight, bias))
         why = ("n = 0" if not ids.numel() else "per-row temperature / softcap (the option kernels)"
                if rows_opt is not None else
-               epilogue_gemm.reason(rows2d, weight_c, bias_c, bool(batch_invariant), wants_grad))
+               epilogue_gemm.reason(rows_c, weight_c, bias_c, bool(batch_invariant), wants_grad))
         epilogue_gemm.record("cublas" if why else "epilogue", why or "")
-        args = (rows2d, weight_c, bias_c, ids, float(temperature), int(ignore_index), bool(return_entropy),
-                bool(batch_invariant), token_ids.shape, bool(logits32), why is None, rows_opt)
+        args = (ids, float(temperature), int(ignore_index), bool(return_entropy), bool(batch_invariant),
+                token_ids.shape, bool(logits32), why is None, rows_opt)
         if wants_grad:
-            logp, entropy = _FusedLinearLogp.apply(*args, requested)
+            logp, entropy = _FusedLinearLogp.apply(rows2d, weight, bias, *args, requested, operands, accumulation,
+                                                   tuple(regather))
         else:
-            logp, entropy, _ = _forward(*args)
+            logp, entropy, _ = _forward(*operands, *args)
             entropy = entropy if return_entropy else None
         return logp.view(lead), (entropy.view(lead) if entropy is not None else None)

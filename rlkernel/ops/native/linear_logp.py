@@ -5,7 +5,12 @@ for their probabilities) exist at once: never the N x V logits. The backward rec
 feeds their gradient into the hidden-state and weight gradients (written out, so the native path opens its own
 ``op.linear_logp.backward`` range and records its ``linear_logp.backward`` dispatch).
 
-Arithmetic: the logits are the matmul's result in the inputs' dtype (what ``hidden @ weight.T`` gives), then
+Mixed precision (``rlkernel.ops.precision``): the autograd function gets the stored tensors and casts them to the
+compute dtype in the forward and again in the backward (no cast copy kept between them), with autocast off; the
+gradients go back in the stored dtypes, dW / db summed in ``grad_accumulation``'s dtype. A ZeRO-3 weight is gathered
+again for the backward (``rlkernel.ops.sharded.regathered``).
+
+Arithmetic: the logits are the matmul's result in the compute dtype (what ``hidden @ weight.T`` gives), then
 float32 (float64 for float64 inputs) for the softmax; the backward's GEMMs run in that compute dtype. With float32
 logits (``logits32``, 16-bit inputs) the logits GEMM keeps its float32 result: on CUDA aten's float32-output GEMM of
 the 16-bit operands (``blas.float32_logits``), on CPU (or a torch without it) ``hidden.float() @ weight.float().T``
@@ -24,7 +29,7 @@ import torch
 
 from rlkernel import dispatch, errors
 from rlkernel.nvtx_ranges import op_range
-from rlkernel.ops import second_order
+from rlkernel.ops import precision, second_order, sharded
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.linear_options import TEMPERATURE_CODE, Options
 from rlkernel.ops.native.softmax import compute_dtype, entropy
@@ -99,9 +104,11 @@ def _extras(x, logp_all, vocab, safe_ids, names):
 class _NativeLinearLogp(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, safe_ids, valid, bad, opts, return_entropy, batch_invariant,
-                record, logits32):
+                record, logits32, gemm_dtype, accumulation, regather):
+        ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)  # the stored tensors: recast in backward
+        hidden, weight, bias = (precision.cast(t, gemm_dtype) for t in (hidden, weight, bias))
         n, vocab = hidden.shape[0], weight.shape[0]
-        cd = compute_dtype(hidden.dtype)
+        cd = compute_dtype(gemm_dtype)
         dev = hidden.device
         out = torch.zeros(n, dtype=cd, device=dev) if opts.has_ids else None
         ent = torch.zeros(n, dtype=cd, device=dev) if return_entropy else None
@@ -125,26 +132,34 @@ class _NativeLinearLogp(torch.autograd.Function):
             extra[name] = (value & valid) if name == "is_top1" else keep(value)
         stats = tuple(extra.get(name) for name in ("log_sum_sq_probs", "mean_logit", "is_top1"))
         ctx.mark_non_differentiable(*(t for t in stats if t is not None))
-        ctx.save_for_backward(hidden, weight, bias, safe_ids, valid, bad)
         ctx.opts, ctx.batch_invariant, ctx.record, ctx.logits32 = opts, batch_invariant, record, logits32
+        ctx.gemm_dtype, ctx.accumulation, ctx.regather = gemm_dtype, accumulation, regather
+        ctx.device = hidden.device
         ctx.set_materialize_grads(False)
         return (out, ent) + stats
 
     @staticmethod
     @second_order.refused("linear_logp.backward")
     def backward(ctx, grad_logp, grad_ent, *_stats):
-        hidden, weight, bias, safe_ids, valid, bad = ctx.saved_tensors
         requested, status, reason = ctx.record
         dispatch.record("linear_logp.backward", requested, "native", status, reason)
+        with sharded.regathered(ctx.regather), precision.no_autocast(ctx.device):
+            return _NativeLinearLogp._backward(ctx, grad_logp, grad_ent)
+
+    @staticmethod
+    def _backward(ctx, grad_logp, grad_ent):
+        stored_h, stored_w, stored_b, safe_ids, valid, bad = ctx.saved_tensors
+        hidden, weight, bias = (precision.cast(t, ctx.gemm_dtype) for t in (stored_h, stored_w, stored_b))
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         with op_range("op.linear_logp.backward"):
             n, vocab = hidden.shape[0], weight.shape[0]
             cd = compute_dtype(hidden.dtype)
             opts = ctx.opts
+            acc = precision.accumulation_dtype(stored_w.dtype, ctx.gemm_dtype, ctx.accumulation)
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
-            dw = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
-            db = torch.zeros(vocab, dtype=cd, device=weight.device) if need_b else None
+            dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+            db = torch.zeros(vocab, dtype=acc, device=weight.device) if need_b else None
             if grad_logp is None and grad_ent is None:
                 n = 0  # nothing reaches the outputs: zero gradients
             for r0, r1, rows in _chunks(n, vocab, ctx.batch_invariant):
@@ -172,18 +187,19 @@ class _NativeLinearLogp(torch.autograd.Function):
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
                         dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
                 g = g[:k]
-                if need_w:
-                    dw += g.t() @ hidden[r0:r1].to(cd)
+                if need_w:  # "input" accumulation of a 16-bit weight: each chunk's float32 product rounded
+                    dw += (g.t() @ hidden[r0:r1].to(cd)).to(acc)
                 if need_b:
-                    db += g.sum(0)
+                    db += g.sum(0).to(acc)
             cast = lambda a, like: a.to(like.dtype) if a is not None else None  # noqa: E731
-            return (cast(dh, hidden), cast(dw, weight), cast(db, weight) if bias is not None else None,
-                    None, None, None, None, None, None, None, None)
+            return (cast(dh, stored_h), cast(dw, stored_w), cast(db, stored_b) if bias is not None else None,
+                    None, None, None, None, None, None, None, None, None, None, None)
 
 
 def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_index, return_entropy,
                        batch_invariant=False, requested="native", fallback_reason="", keep_dtype=False,
-                       logits32=False, opts: Options | None = None):
+                       logits32=False, opts: Options | None = None, compute=None, accumulation="float32",
+                       regather=()):
     """Native log-probs of validated inputs: (logp, entropy or None), float32; ``keep_dtype`` keeps float64 for
     float64 inputs (gradcheck). ``opts`` (rlkernel.ops.linear_options, checked): the per-row temperature, softcap,
     logit_scale, extra statistics and token_ids=None; then the answer is (logp or None, entropy or None,
@@ -207,8 +223,10 @@ def linear_logp_native(hidden, weight, token_ids, *, bias, temperature, ignore_i
         valid = valid & ~bad
         safe = torch.where(valid, ids, torch.zeros_like(ids))
         status = "fallback" if fallback_reason else "native"
-        res = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, opts, bool(return_entropy),
-                                      bool(batch_invariant), (requested, status, fallback_reason), bool(logits32))
+        with precision.no_autocast(hidden.device):
+            res = _NativeLinearLogp.apply(rows, weight, bias, safe, valid, bad, opts, bool(return_entropy),
+                                          bool(batch_invariant), (requested, status, fallback_reason), bool(logits32),
+                                          compute or hidden.dtype, accumulation, tuple(regather))
         if hidden.device.type == "cuda":
             address, seq, sync = errors.begin("linear_logp.forward", hidden.device, lead, vocab)
             if opts.faults is not None:  # on any row, ignored or not, as the CPU check raises

@@ -1,0 +1,230 @@
+"""The fused paths' Python orchestration on CPU, in a process of its own (run by
+tests/test_linear_logp_fused_orchestration.py): row blocks, vocabulary chunks, batch-invariant packing, the compute
+dtype's casts, the float32 / input dW accumulation in each dH accumulation mode ("addmm", "mm+add", "dtype"), the
+gradients' dtypes, masks, and linear_logp_loss's fused pass, against the native backend.
+
+The CUDA kernels are the one edge a CPU process cannot reach: each ``torch.ops.rlkernel`` op the orchestration calls
+gets a float64 CPU stand-in written here from its contract (fold: online softmax into (logp, entropy, lse); grad
+tile: the logits' gradient in place; colsum, cast, pack, bias rows), and aten's CUDA-only ``mm.dtype_out`` /
+``addmm.dtype_out`` get CPU ones. So this checks what the Python does with the kernels (shapes, slices, dtypes,
+which buffer is summed in what), not the kernels' arithmetic (the GPU tests do). Tolerance: 3e-2 of the largest
+element for bf16 compute (the two backends round the bf16 operands' products differently), 1e-4 for float32.
+Prints "ALL OK" at the end."""
+import math
+import sys
+
+import torch
+
+lib = torch.library.Library("rlkernel", "FRAGMENT")
+lib.define("linear_logp_fold(Tensor tile, Tensor token_ids, Tensor(a!) state, Tensor(b!) logp, Tensor(c!) entropy, "
+           "Tensor(d!) stats, int col0, int vocab, float temperature, int ignore_index, bool first, bool last, "
+           "int row0=0, int error_record=0, int error_seq=0) -> ()")
+lib.define("linear_logp_grad_tile(Tensor(a!) tile, Tensor token_ids, Tensor stats, Tensor? grad_logp, "
+           "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index) -> ()")
+lib.define("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()")
+lib.define("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()")
+lib.define("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()")
+lib.define("linear_logp_bias_rows(Tensor bias, Tensor(a!) tile) -> ()")
+
+
+def fold(tile, ids, state, logp, entropy, stats, col0, vocab, T, ign, first, last, row0=0, rec=0, seq=0):
+    rows = ids.shape[0]
+    z = tile[:rows].double() / T
+    st = state[: 4 * rows].view(rows, 4).double()
+    if first:
+        st[:, 0] = -math.inf
+        st[:, 1] = 0
+        st[:, 2] = 0
+        st[:, 3] = 0
+    m_new = torch.maximum(st[:, 0], z.max(1).values)
+    scale = torch.exp(st[:, 0] - m_new)
+    e = torch.exp(z - m_new[:, None])
+    st[:, 1] = st[:, 1] * scale + e.sum(1)
+    st[:, 2] = st[:, 2] * scale + (e * z).sum(1)
+    c1 = col0 + tile.shape[1]
+    inr = (ids >= col0) & (ids < c1)
+    st[:, 3] = torch.where(inr, z.gather(1, (ids - col0).clamp(0, tile.shape[1] - 1)[:, None])[:, 0], st[:, 3])
+    st[:, 0] = m_new
+    state[: 4 * rows].copy_(st.reshape(-1).float())
+    if last:
+        lse = st[:, 0] + torch.log(st[:, 1])
+        valid = ids != ign
+        logp.copy_(torch.where(valid, st[:, 3] - lse, 0.0).float())
+        if entropy.numel():
+            entropy.copy_(torch.where(valid, lse - st[:, 2] / st[:, 1], 0.0).float())
+        stats[:, 0] = lse.float()
+        stats[:, 1] = 0
+
+
+def grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, T, ign):
+    rows = ids.shape[0]
+    z = tile[:rows].double() / T
+    lse = stats[:, 0].double()
+    logp_all = z - lse[:, None]
+    p = logp_all.exp()
+    cols = torch.arange(col0, col0 + tile.shape[1])
+    onehot = (cols[None, :] == ids[:, None]).double()
+    g = torch.zeros_like(z)
+    if gl is not None:
+        g += gl.double()[:, None] * (onehot - p)
+    if ge is not None:
+        g -= ge.double()[:, None] * p * (logp_all + entropy.double()[:, None])
+    g = torch.where((ids != ign)[:, None], g / T, 0.0)
+    tile[:rows].copy_(g.to(tile.dtype))
+    tile[rows:].zero_()
+
+
+def colsum(tile, n_rows, partial, out, acc):
+    s = tile[:n_rows].float().sum(0)
+    if acc:
+        out.add_(s)
+    else:
+        out.copy_(s)
+
+
+def cast(src, dst, acc=False):
+    s = src.reshape(-1)[: dst.numel()].view(dst.shape)
+    if acc:
+        dst.copy_((dst.float() + s.float()).to(dst.dtype))
+    else:
+        dst.copy_(s.float().to(dst.dtype) if src.dtype != dst.dtype else s)
+
+
+def pack(src, dst):
+    dst.zero_()
+    dst[: src.shape[0]].copy_(src)
+
+
+def bias_rows(bias, tile):
+    tile.copy_(bias.expand_as(tile))
+
+
+for name, fn in [("linear_logp_fold", fold), ("linear_logp_grad_tile", grad_tile), ("linear_logp_colsum", colsum),
+                 ("linear_logp_cast", cast), ("linear_logp_pack", pack), ("linear_logp_bias_rows", bias_rows)]:
+    lib.impl(name, fn, "CPU")
+
+aten = torch.library.Library("aten", "IMPL")
+aten.impl("mm.dtype_out", lambda a, b, dt, out: out.copy_((a.float() @ b.float()).to(dt)), "CPU")
+aten.impl("addmm.dtype_out", lambda c, a, b, dt, beta=1, alpha=1, out=None: out.copy_(
+    (c.float() + a.float() @ b.float()).to(dt)), "CPU")
+
+import rlkernel  # noqa: E402
+from rlkernel import _ext, errors  # noqa: E402
+from rlkernel.ops.fused import linear_logp as F  # noqa: E402
+from rlkernel.ops.native.linear_logp import linear_logp_native  # noqa: E402
+
+_ext.load = lambda: None
+errors.begin = lambda *a, **k: (0, 0, False)
+errors.after_call = lambda *a, **k: None
+
+
+def run(backend, h, w, b, ids, gl, ge, **kw):
+    h, w, b = (t.detach().clone().requires_grad_() if t is not None else None for t in (h, w, b))
+    fn = F.linear_logp_fused if backend == "fused" else linear_logp_native
+    cd = kw.pop("compute", None) or rlkernel.ops.precision.compute_dtype(h, w, b)
+    lp, ent = fn(h, w, ids, bias=b, temperature=0.9, ignore_index=-100, return_entropy=True, compute=cd, **kw)
+    (gl * lp + ge * ent).sum().backward()
+    return lp, ent, h.grad, w.grad, None if b is None else b.grad
+
+
+def compare(tag, a, b, tol):
+    for name, x, y in zip(("lp", "ent", "dh", "dw", "db"), a, b, strict=True):
+        if x is None and y is None:
+            continue
+        assert x.dtype == y.dtype, (tag, name, x.dtype, y.dtype)
+        err = (x.double() - y.double()).abs().max().item()
+        scale = y.double().abs().max().item() + 1e-12
+        assert err <= tol * scale, (tag, name, err, scale)
+    print("ok", tag)
+
+
+torch.manual_seed(0)
+n, H, V = 160, 24, 600
+ids = torch.randint(0, V, (n,))
+ids[3] = -100
+gl, ge = torch.randn(n), torch.randn(n) * 0.2
+for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16),
+               (torch.float64, torch.float32)]:
+    h = torch.randn(n, H).to(hd)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(wd)
+    b = (torch.randn(V) * 0.3).to(wd)
+    for mode in ("addmm", "mm+add", "dtype"):
+        F._dh_modes.clear()
+        cd = rlkernel.ops.precision.compute_dtype(h, w, b)
+        F._dh_modes[(None, cd, False)] = mode
+        F._dh_modes[(None, cd, True)] = mode
+        for acc in ("float32", "input"):
+            for chunk in [(48, 256), None]:
+                for bi in (False, True):
+                    if bi and (chunk is None or mode != "addmm"):
+                        continue
+                    ctx = F.chunking(*chunk) if chunk else __import__("contextlib").nullcontext()
+                    with ctx:
+                        got = run("fused", h, w, b, ids, gl, ge, accumulation=acc, batch_invariant=bi)
+                    want = run("native", h, w, b, ids, gl, ge, accumulation=acc, batch_invariant=False)
+                    tol = 3e-2 if cd == torch.bfloat16 else 1e-4
+                    compare(f"{hd} {wd} {mode} {acc} {chunk} bi={bi}", got, want, tol)
+
+# the loss's fused pass vs native, mixed and accumulation modes, masks through the public entry with a patched
+# dispatch
+from rlkernel import dispatch  # noqa: E402
+from rlkernel.ops.fused import logp as FL  # noqa: E402
+
+lib.define("logp_backward_inplace(Tensor? grad_logp, Tensor? grad_entropy, Tensor(a!) logits, Tensor token_ids, "
+           "Tensor stats, Tensor entropy, float temperature, int ignore_index) -> ()")
+lib.impl("logp_backward_inplace", lambda gl, ge, logits, ids, stats, ent, T, ign: grad_tile(
+    logits, ids, stats, gl, ge, ent, 0, logits.shape[1], T, ign), "CPU")
+
+
+def fake_forward(logits, ids, T, ign, ent_flag, *rest):
+    rows = ids.shape[0]
+    state = torch.empty(4 * rows)
+    logp, ent, stats = torch.empty(rows), torch.empty(rows), torch.empty(rows, 2)
+    fold(logits, ids, state, logp, ent, stats, 0, logits.shape[1], T, ign, True, True)
+    return logp, ent, stats
+
+
+FL.forward_op = lambda: fake_forward
+
+orig = dispatch.resolve
+
+
+def fake_resolve(op, backend, require_fused, device, dtype):
+    rec = orig(op, "native", False, device, dtype)
+    return rec.__class__(rec.op, backend, "fused", "fused", "") if backend == "fused" else rec
+
+
+dispatch.resolve = fake_resolve
+adv = torch.randn(n)
+for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]:
+    h = torch.randn(n, H).to(hd)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(wd)
+    b = (torch.randn(V) * 0.3).to(wd)
+    mask = torch.rand(n) > 0.3
+    for mode in ("addmm", "mm+add", "dtype"):
+        F._dh_modes.clear()
+        cd = rlkernel.ops.precision.compute_dtype(h, w, b)
+        F._dh_modes[(None, cd, False)] = mode
+        for acc in ("float32", "input"):
+            for m in (None, mask):
+                res = {}
+                for backend in ("fused", "native"):
+                    hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+                    loss = rlkernel.linear_logp_loss(hh, ww, ids, lambda lp, en, sl: -lp * adv[sl] - 0.1 * en,
+                                                     bias=bb, chunk_size=48, backend=backend, grad_accumulation=acc,
+                                                     mask=m, reduction="mean")
+                    loss.backward()
+                    res[backend] = (loss, loss, hh.grad, ww.grad, bb.grad)
+                tol = 3e-2 if cd == torch.bfloat16 else 1e-4
+                compare(f"loss {hd} {wd} {mode} {acc} mask={m is not None}", res["fused"], res["native"], tol)
+    for m in (None, mask):
+        res = {}
+        for backend in ("fused", "native"):
+            hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+            lp, ent = rlkernel.linear_logp(hh, ww, ids, bias=bb, return_entropy=True, backend=backend, mask=m)
+            (adv * lp + 0.1 * ent).sum().backward()
+            res[backend] = (lp, ent, hh.grad, ww.grad, bb.grad)
+        compare(f"public linear_logp {hd} {wd} mask={m is not None}", res["fused"], res["native"],
+                3e-2 if cd == torch.bfloat16 else 1e-4)
+print("ALL OK")
+sys.exit(0)
