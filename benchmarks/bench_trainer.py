@@ -196,14 +196,19 @@ def kernel_methods(B, T, H, V, temperature, liger_compiled=True):
 
 
 def dw_accumulation(method, B, T, V) -> str:
-    """How each method sums the weight gradient over tokens (the issue's targets compare at the same dtype)."""
+    """How each method sums the weight gradient over tokens (the issue's targets compare at the same dtype), as the
+    ops decide it (``rlkernel.ops.precision.accumulation_dtype`` with the default ``grad_accumulation="float32"``)."""
     from rlkernel.integrations import trl_loss
+    from rlkernel.ops import precision
+    from rlkernel.ops.fused import linear_logp as fused_linear
 
-    if method == "apply-loss":
-        chunks = -(-B * T // trl_loss.chunk_rows(B, T, V, 2))
-        return "bf16 (one chunk)" if chunks == 1 else f"bf16 over {chunks} token chunks"
-    return {"trl": "float32 (TRL's backward)", "apply": "bf16 over row blocks (linear_logp's backward)",
-            "liger": "Liger's"}[method]
+    if method not in ("apply", "apply-loss"):
+        return {"trl": "float32 (TRL's backward)", "liger": "Liger's"}[method]
+    rows = trl_loss.chunk_rows(B, T, V, 2) if method == "apply-loss" else fused_linear.MAX_BLOCK_ROWS
+    parts, what = -(-B * T // rows), ("token chunks" if method == "apply-loss" else "row blocks")
+    if precision.accumulation_dtype(torch.bfloat16, torch.bfloat16, "float32", parts) == torch.float32:
+        return f"float32 over {parts} {what}"
+    return f"one GEMM's float32 accumulator per vocabulary chunk, rounded once (1 of the {what})"
 
 
 def run_kernel(args, shapes, ns, methods):
