@@ -222,7 +222,8 @@ def test_masks_under_cuda_graph_capture(fused):
     (lp.sum() - 0.01 * ent.sum()).backward()
     for a, e in zip(captured, (lp, ent, x.grad), strict=True):
         assert torch.equal(a, e)
+    cpu_mask = mask.cpu()  # before the capture: a device-to-host copy is itself illegal while capturing
     graph2 = torch.cuda.CUDAGraph()
     with pytest.raises(RuntimeError, match="CPU mask cannot be used under CUDA-graph capture"):
         with torch.cuda.graph(graph2):
-            run(mask.cpu())
+            run(cpu_mask)
