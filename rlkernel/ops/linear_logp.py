@@ -106,9 +106,10 @@ def _linear_logp(hidden, weight, token_ids, bias, temperature, ignore_index, ret
             hidden, token_ids = row_mask.compact(hidden, token_ids, idx)
             temperature = row_mask.compact_rows(temperature, lead, idx)  # a per-row temperature: its kept rows
     opts, names = None, ()
-    if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
-        opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP)
     cd = precision.compute_dtype(hidden, weight, bias)
+    if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
+        opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP,
+                                    compute=cd)
     logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
     rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, cd,
                                              batch_invariant=batch_invariant)

@@ -171,10 +171,10 @@ def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ign
             def loss_fn(logp, entropy, chunk_slice):  # the chunk's flat positions in the uncompacted tokens
                 return user_fn(logp, entropy, idx[chunk_slice])
     opts = None
+    cd = precision.compute_dtype(hidden, weight, bias)
     if isinstance(temperature, torch.Tensor) or softcap is not None or not (type(logit_scale) is float
                                                                             and logit_scale == 1.0):
-        opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP)
-    cd = precision.compute_dtype(hidden, weight, bias)
+        opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP, compute=cd)
     logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
     rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, cd, loss=True)
            or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, cd)

@@ -148,16 +148,19 @@ def linear_faults(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_options(hidden: torch.Tensor, temperature, softcap, logit_scale, outputs, has_ids: bool,
-                  op: str) -> tuple[Options, tuple[str, ...]]:
+                  op: str, compute: torch.dtype | None = None) -> tuple[Options, tuple[str, ...]]:
     """(Options, the names asked for in ``outputs``). Numbers and metadata at once; a CPU temperature tensor's
     values too (``ValueError`` naming the first bad row, as ``rlkernel.logp`` does); a CUDA one's on the device
-    (``Options.faults``, no host sync)."""
+    (``Options.faults``, no host sync). ``compute``: the GEMMs' dtype (default hidden's): a per-row temperature
+    is float64 for float64 compute, else float32, so that dividing the logits by it keeps their dtype (float64
+    hidden with a float32 weight computes in float32: a float64 temperature would promote the backward's logits
+    gradient to float64 against the float32 weight)."""
     names = check_outputs(outputs, has_ids)
     scale = _finite_real("logit_scale", logit_scale) if type(logit_scale) is not float or logit_scale != 1.0 else 1.0
     cap = None if softcap is None else _finite_real("softcap", softcap)
     faults = None
     if isinstance(temperature, torch.Tensor):
-        if hidden.dtype == torch.float64:
+        if (compute or hidden.dtype) == torch.float64:
             t = _row_tensor("temperature", temperature, hidden, torch.float64)
         else:
             t = _temperature_rows(temperature, hidden)
