@@ -65,6 +65,7 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     """
     from rlkernel.ops import linear_logp_processed as proc
 
+    acc = precision.check_grad_accumulation(grad_accumulation)  # both modes (the processed one does not use it yet)
     if proc.wants_processed(temperature, top_k, top_p, min_p, kept_ids, kept_offsets):
         proc.check_plain_options(softcap, logit_scale, outputs, token_ids, OP)
         if mask is not None:
@@ -81,7 +82,6 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     logits32 = check_logits_dtype(logits_dtype)
     if token_ids is None and not return_entropy and not outputs:
         raise ValueError("token_ids=None gives no log-probs: ask for the entropy (return_entropy=True) or outputs")
-    acc = precision.check_grad_accumulation(grad_accumulation)
     weight, bias = sharded.full(weight), sharded.full(bias)
     zero = sharded.zero3_partitioned(weight, bias)
     with sharded.gathered(zero):

@@ -135,6 +135,7 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
     """
     from rlkernel.ops import linear_logp_processed as proc
 
+    acc = precision.check_grad_accumulation(grad_accumulation)  # both modes (the processed one does not use it yet)
     if proc.wants_processed(temperature, top_k, top_p, min_p, None, None):
         proc.check_plain_options(softcap, logit_scale, (), token_ids, OP)
         if mask is not None:
@@ -147,7 +148,6 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
                                    reduction=reduction, chunk_size=chunk_size, backend=backend,
                                    require_fused=require_fused, logits_dtype=logits_dtype)
     logits32 = check_logits_dtype(logits_dtype)
-    acc = precision.check_grad_accumulation(grad_accumulation)
     weight, bias = sharded.full(weight), sharded.full(bias)
     zero = sharded.zero3_partitioned(weight, bias)
     with sharded.gathered(zero):  # the gradients are computed inside: no second gather to compute them

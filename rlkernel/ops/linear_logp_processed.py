@@ -14,7 +14,7 @@ import math
 import torch
 
 from rlkernel import dispatch
-from rlkernel.ops import blas
+from rlkernel.ops import blas, precision, sharded
 from rlkernel.ops.linear_logits import logits_rows
 from rlkernel.ops.native.linear_logp_processed import csr_rows, linear_logp_processed_native
 from rlkernel.validate import _raise_cpu_faults, _settings, check_linear_args, check_logits_dtype
@@ -104,8 +104,17 @@ def processed(hidden, weight, token_ids, *, bias, temperature, top_k, top_p, min
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
     logits32 = check_logits_dtype(logits_dtype)
+    weight, bias = sharded.full(weight), sharded.full(bias)  # a DTensor (FSDP2): gathered, differentiable
+    if sharded.zero3_partitioned(weight, bias):
+        raise ValueError(f"{op}: a partitioned ZeRO-3 weight or bias cannot be used with the processed mode (top_k / "
+                         f"top_p / min_p, temperature 0 or kept_ids) yet (its backward recomputes the logits); "
+                         f"gather it (deepspeed.zero.GatheredParameters) around the call")
     settings, csr = check_processed_args(hidden, weight, token_ids, bias, temperature, ignore_index, top_k, top_p,
                                          min_p, kept_ids, kept_offsets, op)
+    # mixed dtypes: the GEMMs in the compute dtype (rlkernel.ops.precision), by differentiable casts, so each
+    # gradient comes back in its input's dtype and the backward's recomputed logits (and kept set) are the forward's
+    cd = precision.compute_dtype(hidden, weight, bias)
+    hidden, weight, bias = (precision.cast(t, cd) for t in (hidden, weight, bias))
     logits32 = logits32 and hidden.dtype in blas.SIXTEEN_BIT
     rec = (logits32 and blas.float32_fallback(op, backend, require_fused, hidden.device, hidden.dtype,
                                               batch_invariant)
