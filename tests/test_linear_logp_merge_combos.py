@@ -134,3 +134,49 @@ def test_processed_mode_gathers_a_dtensor_weight():
         assert torch.equal(sharded.grad.full_tensor(), dw)
     finally:
         dist.destroy_process_group()
+
+
+def _masked_call(op, temperature, mask):
+    hidden, weight, ids = _inputs(torch.float32, torch.float32)
+    hidden, ids = hidden.detach().view(2, 5, H), ids.view(2, 5)
+    if op == "linear_logp":
+        return linear_logp(hidden, weight, ids, temperature=temperature, mask=mask, backend="native")
+    return linear_logp_loss(hidden, weight, ids, lambda lp, ent, sl: -lp, temperature=temperature, mask=mask,
+                            backend="native")
+
+
+@pytest.mark.parametrize("op", ["linear_logp", "linear_logp_loss"])
+def test_masked_call_names_a_bad_temperature_by_its_own_row(op):
+    # the temperature was checked after the compaction: the error named the row among the kept rows (1 here)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, :2] = False
+    temperature = torch.ones(2, 5)
+    temperature[0, 3] = -1.0
+    with pytest.raises(ValueError, match="temperature of row 3 "):
+        _masked_call(op, temperature, mask)
+
+
+@pytest.mark.parametrize("op", ["linear_logp", "linear_logp_loss"])
+def test_masked_call_checks_the_temperature_as_an_unmasked_one(op):
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    # a [B, 1] temperature is refused without a mask; the mask's expand() accepted it
+    with pytest.raises(ValueError, match="shape"):
+        _masked_call(op, torch.ones(2, 1), mask)
+    # a bad value on a masked row is refused, as on an ignored row (it was skipped unchecked)
+    temperature = torch.ones(2, 5)
+    temperature[1, 4] = 0.0
+    with pytest.raises(ValueError, match="temperature of row 9 "):
+        _masked_call(op, temperature, mask)
+
+
+def test_mask_with_per_row_temperature_matches_float64_reference():
+    hidden, weight, ids = _inputs(torch.float32, torch.float32)
+    temperature = torch.rand(10, generator=torch.Generator().manual_seed(1)) + 0.5
+    keep = torch.tensor([True, False, True, True, False, True, True, True, False, True])
+    lp, ent = linear_logp(hidden, weight, ids, temperature=temperature, mask=keep, return_entropy=True,
+                          backend="native")
+    ref, (ref_dh, ref_dw) = _reference(hidden, weight, ids, temperature, torch.float32, keep)
+    assert (lp.double() - ref).abs().max() < 1e-5 and not ent[~keep].any() and ent[keep].gt(0).all()
+    dh, dw = torch.autograd.grad(lp.sum(), (hidden, weight))
+    assert (dh.double() - ref_dh).abs().max() < 1e-4 and (dw.double() - ref_dw).abs().max() < 1e-4

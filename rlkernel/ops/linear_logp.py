@@ -95,6 +95,13 @@ def _linear_logp(hidden, weight, token_ids, bias, temperature, ignore_index, ret
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # it reads CPU ids
     row_mask.check_mask(mask, hidden, OP)
     lead, idx = hidden.shape[:-1], None
+    opts, names = None, ()
+    cd = precision.compute_dtype(hidden, weight, bias)
+    # the options on every row, before a mask compacts them: a bad per-row temperature is named by its own row (and
+    # refused on a masked row too, as on an ignored one), a temperature of another shape refused as without a mask
+    if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
+        opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP,
+                                    compute=cd)
     if mask is not None:
         idx = row_mask.kept_rows(mask, hidden.device)
         if idx is None:  # a device mask under CUDA-graph capture: its rows ignored, no compaction
@@ -104,12 +111,7 @@ def _linear_logp(hidden, weight, token_ids, bias, temperature, ignore_index, ret
             token_ids = row_mask.as_ignored(token_ids, mask, int(ignore_index))
         else:
             hidden, token_ids = row_mask.compact(hidden, token_ids, idx)
-            temperature = row_mask.compact_rows(temperature, lead, idx)  # a per-row temperature: its kept rows
-    opts, names = None, ()
-    cd = precision.compute_dtype(hidden, weight, bias)
-    if _wants_options(temperature, softcap, logit_scale, outputs, token_ids):  # a CPU temperature tensor: its values
-        opts, names = check_options(hidden, temperature, softcap, logit_scale, outputs, token_ids is not None, OP,
-                                    compute=cd)
+            opts = row_mask.compact_options(opts, idx)  # a per-row temperature: its kept rows
     logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
     rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, cd,
                                              batch_invariant=batch_invariant)

@@ -159,22 +159,23 @@ def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ign
                       backend, require_fused, logits32, mask, acc, zero, softcap, logit_scale):
     check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size)
     row_mask.check_mask(mask, hidden, OP)
+    opts = None
+    cd = precision.compute_dtype(hidden, weight, bias)
+    # on every row, before a mask compacts them (a bad per-row temperature named by its own row, as linear_logp's)
+    if isinstance(temperature, torch.Tensor) or softcap is not None or not (type(logit_scale) is float
+                                                                            and logit_scale == 1.0):
+        opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP, compute=cd)
     if mask is not None:
         idx = row_mask.kept_rows(mask, hidden.device)
         if idx is None:  # a device mask under CUDA-graph capture: its rows ignored, no compaction
             token_ids = row_mask.as_ignored(token_ids, mask, int(ignore_index))
         else:
-            temperature = row_mask.compact_rows(temperature, hidden.shape[:-1], idx)  # a per-row T: its kept rows
+            opts = row_mask.compact_options(opts, idx)  # a per-row temperature: its kept rows
             hidden, token_ids = row_mask.compact(hidden, token_ids, idx)
             user_fn = loss_fn
 
             def loss_fn(logp, entropy, chunk_slice):  # the chunk's flat positions in the uncompacted tokens
                 return user_fn(logp, entropy, idx[chunk_slice])
-    opts = None
-    cd = precision.compute_dtype(hidden, weight, bias)
-    if isinstance(temperature, torch.Tensor) or softcap is not None or not (type(logit_scale) is float
-                                                                            and logit_scale == 1.0):
-        opts, _ = check_options(hidden, temperature, softcap, logit_scale, (), True, OP, compute=cd)
     logits32 = logits32 and cd in blas.SIXTEEN_BIT  # float32 / float64 logits already are
     rec = (opts is not None and fallback_for(OP, opts, backend, require_fused, hidden.device, cd, loss=True)
            or logits32 and blas.float32_fallback(OP, backend, require_fused, hidden.device, cd)

@@ -15,6 +15,7 @@ Masked rows give logp (and entropy) 0 and no gradient, as ``ignore_index`` rows 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -65,12 +66,14 @@ def compact(hidden: torch.Tensor, token_ids: torch.Tensor | None, idx: torch.Ten
     return rows, token_ids.reshape(-1).index_select(0, idx.to(token_ids.device))
 
 
-def compact_rows(setting, lead: torch.Size, idx: torch.Tensor):
-    """A per-row setting (a tensor of ``lead``'s shape, e.g. a per-row temperature) at the kept rows ``[k]``; a
-    number or a 0-dim tensor (one value for every row) as given."""
-    if not isinstance(setting, torch.Tensor) or setting.dim() == 0:
-        return setting
-    return setting.expand(lead).reshape(-1).index_select(0, idx.to(setting.device))
+def compact_options(opts, idx: torch.Tensor):
+    """Checked options (``rlkernel.ops.linear_options.Options``, or None) at the kept rows: a per-row temperature
+    (a flat ``[N]`` tensor once checked) and its device faults ``[k]``; everything else as given. The options are
+    checked on every row before this, so an error names the row of the uncompacted call."""
+    if opts is None or not isinstance(opts.temperature, torch.Tensor):
+        return opts
+    pick = lambda t: t.index_select(0, idx.to(t.device)) if t is not None else None  # noqa: E731
+    return dataclasses.replace(opts, temperature=pick(opts.temperature), faults=pick(opts.faults))
 
 
 def scatter(values, idx: torch.Tensor, lead: torch.Size):
