@@ -180,3 +180,18 @@ def test_mask_with_per_row_temperature_matches_float64_reference():
     assert (lp.double() - ref).abs().max() < 1e-5 and not ent[~keep].any() and ent[keep].gt(0).all()
     dh, dw = torch.autograd.grad(lp.sum(), (hidden, weight))
     assert (dh.double() - ref_dh).abs().max() < 1e-4 and (dw.double() - ref_dw).abs().max() < 1e-4
+
+
+def test_processed_mode_under_autocast_backward_recomputes_in_the_forward_dtype():
+    # the processed backward recomputes the logits (and the kept set) from the saved inputs: under autocast the
+    # forward ran its GEMM in bf16 but the backward (after the autocast block) in float32, a silently different
+    # gradient. Cast to the compute dtype up front, it is the bf16 call's gradient exactly
+    hidden, weight, ids = _inputs(torch.float32, torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lp = linear_logp(hidden, weight, ids, top_p=0.8, backend="native")
+    on = ~lp.isinf()
+    got = torch.autograd.grad(torch.where(on, lp, 0.0).sum(), (hidden, weight))
+    want_lp = linear_logp(hidden.to(torch.bfloat16), weight.to(torch.bfloat16), ids, top_p=0.8, backend="native")
+    want = torch.autograd.grad(torch.where(on, want_lp, 0.0).sum(), (hidden, weight))
+    assert torch.equal(lp, want_lp)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
