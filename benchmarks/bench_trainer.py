@@ -27,7 +27,8 @@ downloaded), --e2e-batch completions per step of --e2e-completion-len tokens (ra
 generation by transformers (no vLLM). Per variant (``trl``, ``apply``, ``apply-loss``): the step time (median wall
 time of the optimizer steps after the first, synchronized), the run's peak memory, and the training part alone:
 ``compute_loss`` + backward on one micro-batch the run generated, median of --repeat runs (CUDA events), with its
-share of the step. RLKERNEL_VALIDATE=0 while timing. Prints markdown tables; --out writes them as JSON. Exit codes:
+share of the step, and the rlkernel dispatch records of that part (which path ran, and why).
+RLKERNEL_VALIDATE=0 while timing. Prints markdown tables; --out writes them as JSON. Exit codes:
 0 done, 2 bad arguments, 3 no CUDA / trl missing.
 """
 from __future__ import annotations
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from _timing import events_median, peak_extra  # noqa: E402 (beside this script: on sys.path when it runs)
 
+from rlkernel import dispatch  # noqa: E402
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
 PROG = "bench_trainer"
@@ -270,6 +272,12 @@ def _save_model(folder: Path):
     tf.Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
 
 
+def paths(records) -> str:
+    """The dispatch records of a block in one cell: ``op status (reason) xN``, ``-`` where rlkernel ran nothing."""
+    cells = [f"{r.op} {r.status}{f' ({r.reason})' if r.reason else ''} x{n}" for r, n in sorted(records)]
+    return "; ".join(cells) or "-"
+
+
 def run_variant(folder: Path, variant: str, args):
     import datasets
     import transformers as tf
@@ -317,7 +325,8 @@ def run_variant(folder: Path, variant: str, args):
         def train_part():
             trainer.compute_loss(model, inputs).backward()
 
-        part = events_median(train_part, prep, 1, args.repeat)
+        with dispatch.recording() as rec:  # which path the training part's rlkernel calls took, and why
+            part = events_median(train_part, prep, 1, args.repeat)
         part_peak = peak_extra(train_part, prep)
     finally:
         if patch is not None:
@@ -326,7 +335,7 @@ def run_variant(folder: Path, variant: str, args):
     step = statistics.median(timed) * 1e3
     row = dict(variant=variant, step_ms=step, steps_timed=len(timed), peak_gib=peak / 2 ** 30,
                train_part_ms=part, train_part_peak_gib=part_peak / 2 ** 30, train_share=part / step,
-               tokens=int(inputs["completion_mask"].sum()))
+               tokens=int(inputs["completion_mask"].sum()), paths=paths(rec.records))
     return row  # the trainer and its model go with this frame, before the next variant builds its own
 
 
@@ -340,7 +349,8 @@ def run_e2e(args, variants):
             torch.cuda.empty_cache()
             rows.append(row)
             print(f"| {v} | {row['step_ms']:.0f} | {row['peak_gib']:.2f} | {row['train_part_ms']:.1f} | "
-                  f"{row['train_part_peak_gib']:.2f} | {100 * row['train_share']:.1f}% | {row['tokens']} |",
+                  f"{row['train_part_peak_gib']:.2f} | {100 * row['train_share']:.1f}% | {row['tokens']} | "
+                  f"{row['paths']} |",
                   flush=True)
     return rows
 
@@ -392,7 +402,7 @@ def main(argv=None) -> int:
         print(f"\n## End to end: GRPOTrainer, Qwen2.5-0.5B-shaped random model, bf16, {args.e2e_batch} x "
               f"{args.e2e_completion_len} tokens per step, {args.e2e_steps} steps (the first not timed)\n")
         print("| variant | step ms | peak GiB | compute_loss + backward ms | its peak GiB | share of step | "
-              "tokens |\n|---|---|---|---|---|---|---|")
+              "tokens | rlkernel paths |\n|---|---|---|---|---|---|---|---|")
         result["e2e"] = run_e2e(args, variants)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -66,6 +66,10 @@ def _probe_tree() -> _State | None:
         _tree = _State(None, "not built")
         return None
     try:
+        # the library links against torch's (libc10.so, ...), which only importing torch puts in the process: a
+        # fused_status() before any torch import read the in-tree build as "failed to load" (and kept that)
+        import torch  # noqa: F401
+
         module = importlib.import_module(MODULE)  # importing registers torch.ops.rlkernel.*
     except (ImportError, OSError) as exc:  # OSError: e.g. a CUDA library missing at load time
         error = ExtensionNotBuilt(f"extension failed to load: {_scrubbed(exc)}",

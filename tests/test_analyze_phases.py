@@ -21,6 +21,7 @@ from pipelines import analysis, analyze, phase_view
 from rlkernel import op_kernels
 from rlkernel.cli import EXIT_OK, EXIT_USAGE
 from tests.nsys_reference import DATA, check_against_nvidia, nvidia, nvtx_instances
+from tests.subprocess_env import pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PID, TID = 100, 100
@@ -213,7 +214,7 @@ def test_a_captured_command_gives_steps_and_phases(tmp_path):
 
     env = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
                FAKE_NSYS_NVTX_LIB=str(nvtx_log.library(tmp_path)),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=pythonpath())
     for var in ("NSYS", "FAKE_NSYS_FAIL", "FAKE_NSYS_NO_REP", "FAKE_NSYS_EXPORT_FAIL", "RLKERNEL_CAPTURE_STEPS"):
         env.pop(var, None)
     (tmp_path / "job.py").write_text(JOB)

@@ -16,6 +16,7 @@ import pytest
 from pipelines import analyze, cross_rank, ranks
 from rlkernel import envflags
 from tests.nsys_reference import DATA, stats
+from tests.subprocess_env import pythonpath
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096>)"
 
@@ -347,7 +348,7 @@ def test_usage_errors_of_ranks_exit_2_under_python_m(tmp_path, argv, words):
     """`python -m pipelines.analyze` runs the module as __main__: a usage error of --ranks is still one line and
     exit 2 (it was a traceback and exit 1 while cross_rank raised the UsageError of a second copy of the module)."""
     root = str(pathlib.Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": pythonpath(root)}
     r = subprocess.run([sys.executable, "-m", "pipelines.analyze", "--ranks", str(DATA / "multiproc"), *argv],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
     err = [ln for ln in r.stderr.splitlines() if not ln.startswith("analyze: ")]  # the progress lines

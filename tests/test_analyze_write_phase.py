@@ -16,6 +16,7 @@ import pytest
 
 from pipelines import analysis, analyze
 from tests.nsys_reference import DATA
+from tests.subprocess_env import pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # nvtx_mix and no_cuda: traces of other programs (no rlkernel ranges), so the subprocess imports no torch
@@ -28,7 +29,7 @@ class Analyze:
     """``python -m pipelines.analyze ARGS`` in a process of its own, its stderr read line by line."""
 
     def __init__(self, *args, pause: str | None = None, gate: pathlib.Path | None = None):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+        env = dict(os.environ, PYTHONPATH=pythonpath())
         env.pop("RLKERNEL_ANALYZE_TEST_PAUSE", None)
         if pause:
             env["RLKERNEL_ANALYZE_TEST_PAUSE"] = f"{pause}:{gate}"

@@ -19,6 +19,7 @@ import pytest
 from pipelines import capture_command, procs
 from rlkernel.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from tests import fake_nsys, nvtx_log
+from tests.subprocess_env import pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ def env(tmp_path):
     importable by the command (capture itself leaves the command's PYTHONPATH alone)."""
     e = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
              FAKE_NSYS_NVTX_LIB=str(nvtx_log.library(tmp_path)),
-             PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+             PYTHONPATH=pythonpath())
     for var in ("NSYS", "FAKE_NSYS_FAIL", "FAKE_NSYS_NO_REP", "FAKE_NSYS_EXPORT_FAIL", "RLKERNEL_CAPTURE_STEPS",
                 "RLKERNEL_REQUIRE_FUSED", "RLKERNEL_VALIDATE"):
         e.pop(var, None)

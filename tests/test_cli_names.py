@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlkernel.cli import message_prefix, prog_name
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"rlkernel-analyze": "pipelines.analyze", "rlkernel-capture": "pipelines.capture",
@@ -27,7 +28,7 @@ def bin_dir(tmp_path_factory):
 
 
 def _run(bin_dir, *cmd):
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=pythonpath())
     return subprocess.run(list(cmd), capture_output=True, text=True, timeout=120, env=env, cwd=bin_dir)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from rlkernel.cli import EXIT_USAGE
 from tests import fake_nsys
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.smoke
@@ -39,7 +40,7 @@ def entry_points(out: Path) -> dict[str, list[str]]:
 def test_bad_flag_value_is_exit_2_one_line_nothing_written(tmp_path, entry, var, value, words):
     out = tmp_path / "out"
     env = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=pythonpath())
     env[var] = value
     proc = subprocess.run(entry_points(out)[entry], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     lines = proc.stderr.strip().splitlines()

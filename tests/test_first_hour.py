@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 
@@ -22,7 +24,7 @@ print("done")
 
 
 def _python(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=env)
 

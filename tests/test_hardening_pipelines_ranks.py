@@ -20,6 +20,7 @@ import pytest
 
 from pipelines import analyze
 from tests.nsys_reference import DATA
+from tests.subprocess_env import pythonpath
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ def one_line(capsys, code: int, *argv) -> str:
 def cli(*argv, timeout: float = 25, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m pipelines.analyze ARGV` in a subprocess, killed after ``timeout`` s (a hang fails the test)."""
     e = {**os.environ, **(env or {})}
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    e["PYTHONPATH"] = pythonpath()
     return subprocess.run([sys.executable, "-m", "pipelines.analyze", *map(str, argv)], capture_output=True,
                           text=True, env=e, timeout=timeout, cwd=ROOT)
 
@@ -247,7 +248,7 @@ def _maps_duckdb(pid: int) -> bool:
 def test_item14_pool_workers_die_with_a_killed_parent(tmp_path, when):
     """kill -9 of analyze while its workers start (before their initializer could run) and while they analyse."""
     d = rank_folder(tmp_path, 3)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.analyze", "--ranks", str(d), "--jobs", "2", "--out",
                              str(tmp_path / "rep")], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -11,6 +11,7 @@ import pathlib
 import pytest
 
 from pipelines import inputs, runs
+from tests.subprocess_env import pythonpath
 
 pytestmark = pytest.mark.smoke
 WHEN = datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
@@ -95,8 +96,7 @@ def analyze(*argv) -> tuple[int, str, str]:
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(pathlib.Path(__file__).parents[1]),
-                                                                       os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     p = subprocess.run([sys.executable, "-m", "pipelines.analyze", *map(str, argv)], capture_output=True,
                        text=True, env=env, errors="surrogateescape")
     return p.returncode, p.stdout, p.stderr

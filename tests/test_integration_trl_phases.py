@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from integration_support import framework  # noqa: E402
@@ -42,7 +44,7 @@ RUN = """
 def test_a_grpo_run_under_apply_emits_the_standard_phases_and_undo_removes_them(tmp_path):
     log = tmp_path / "nvtx.log"
     env = nvtx_log.environ(nvtx_log.library(tmp_path), log)
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = pythonpath()
     env.pop("RLKERNEL_CAPTURE_STEPS", None)
     code = textwrap.dedent(RUN.format(examples=str(ROOT / "examples"), folder=str(tmp_path / "model")))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,

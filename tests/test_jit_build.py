@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from rlkernel import _ext, _jit, dispatch, env
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "data" / "jit_probe"
@@ -65,7 +66,7 @@ def _args(spec: _jit.Spec, cache: Path, progress=False) -> str:
 
 def _env(**extra) -> dict:
     environ = {k: v for k, v in os.environ.items() if k != "MAX_JOBS"}
-    environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    environ["PYTHONPATH"] = pythonpath()
     return {**environ, **extra}
 
 
@@ -399,6 +400,21 @@ def test_importing_rlkernel_builds_nothing(tmp_path):
     assert out.stdout.strip() == ("in-tree" if in_tree else "not built")
     assert "rlkernel: building" not in out.stderr and not cache.exists()
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and a built extension")
+def test_status_before_any_torch_import_loads_the_in_tree_library():
+    # the H200 read "extension failed to load: libc10.so" here: the in-tree library was imported before torch, which
+    # alone puts libc10 in the process, and the failure was kept for the process's later fused calls
+    if not any((ROOT / "rlkernel").glob("_C*.so")):
+        pytest.skip("no in-tree build (python setup.py build_ext --inplace)")
+    code = ("import sys, rlkernel\nassert 'torch' not in sys.modules\ns = rlkernel.fused_status()\n"
+            "print(s['source'], s['available'], s['reason'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=_env(),
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["in-tree", "True", "None"], out.stdout
 
 # ------------------------------------------------------------------------------------------------ rlkernel._C
 

@@ -298,7 +298,10 @@ def test_linear_logp_loss_forward_half(epi, monkeypatch):
     tol = float((adv.abs() + 0.01).sum()) * 1e-4 + 1e-4
     assert abs(float(got) - float(want)) <= tol, (float(got), float(want), tol)
     for a, w, what in zip(got_g, want_g, ("hidden", "weight", "bias"), strict=True):
-        assert_within(a, w.double(), 1e-3 * float(w.abs().max()) + 1e-5, f"{what} grad")
+        # plus one unit in the last place of the gradients' own dtype: each path rounds its float32 gradient to bf16,
+        # and values within the tolerance can round to neighbours (the H200 saw 2^-8 at |grad| ~ 1 against 2e-3)
+        ulp = torch.finfo(a.dtype).eps * w.double().abs()
+        assert_within(a, w.double(), 1e-3 * float(w.abs().max()) + 1e-5 + ulp, f"{what} grad")
     epilogue_gemm.reset_records()
     no_grad, _ = run(True, False)
     took_epilogue()

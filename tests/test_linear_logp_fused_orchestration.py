@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.subprocess_env import pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_fused_orchestration_matches_native_on_cpu():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fused_on_cpu.py")], capture_output=True, text=True,
                           env=env, timeout=900, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("ALL OK"), (proc.stdout[-3000:] +

@@ -17,6 +17,7 @@ import pytest
 from integration_support import required
 
 import rlkernel
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,7 @@ def free_port() -> str:
 
 
 def train(kind: str, op: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "sharded_train.py"), kind, free_port(), op],
                           capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]

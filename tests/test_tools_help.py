@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import pythonpath
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.relative_to(ROOT) for p in (ROOT / "tools").rglob("*")
                  if p.suffix in (".sh", ".py") and not p.name.startswith("_"))  # _tricky.py: a module, not a script
@@ -41,7 +43,7 @@ def test_help_prints_help_and_does_nothing_else(tmp_path, script):
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHON": sys.executable,
            # the project's package, as an install provides it (the copy holds tools/ only), and what else is on the
            # path (a GPU node kit's packages)
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+           "PYTHONPATH": pythonpath()}
     cmd = ["bash"] if script.suffix == ".sh" else [sys.executable]
     out = subprocess.run([*cmd, str(tree / script), "--help"], capture_output=True, text=True, cwd=tree, env=env,
                          timeout=60)

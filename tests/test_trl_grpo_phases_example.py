@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests import fake_nsys, nvtx_log
+from tests.subprocess_env import pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 pytest.importorskip("trl")
@@ -18,7 +19,7 @@ pytest.importorskip("datasets")
 def test_trl_grpo_run_emits_the_standard_phases_inside_its_steps(tmp_path):
     env = dict(os.environ, PATH=f"{fake_nsys.install(tmp_path / 'bin')}{os.pathsep}{os.environ['PATH']}",
                FAKE_NSYS_NVTX_LIB=str(nvtx_log.library(tmp_path)),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+               PYTHONPATH=pythonpath())
     for var in ("NSYS", "RLKERNEL_CAPTURE_STEPS", "FAKE_NSYS_FAIL", "FAKE_NSYS_NO_REP", "FAKE_NSYS_EXPORT_FAIL"):
         env.pop(var, None)
     proc = subprocess.run([sys.executable, "-m", "pipelines.capture", "--output-dir", str(tmp_path / "runs"), "--",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rlkernel import workload_catalog, workloads
 from rlkernel.numerics import DTYPES
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,7 +24,7 @@ def test_catalog_agrees_with_the_registry_for_every_workload():
 
 
 def _python(code: str, *args, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
                           env=env, cwd=cwd)
 
