@@ -325,8 +325,16 @@ def run_variant(folder: Path, variant: str, args):
         def train_part():
             trainer.compute_loss(model, inputs).backward()
 
-        with dispatch.recording() as rec:  # which path the training part's rlkernel calls took, and why
-            part = events_median(train_part, prep, 1, args.repeat)
+        # which path the training part's rlkernel calls took, and why. In an nsys trace the NVTX range names the
+        # variant's training part, and the profiler range lets `nsys profile --capture-range=cudaProfilerApi
+        # --capture-range-end=repeat` capture the training parts alone, one report each (no generation)
+        with dispatch.recording() as rec:
+            torch.cuda.profiler.start()
+            try:
+                with torch.cuda.nvtx.range(f"bench_trainer:train_part:{variant}"):
+                    part = events_median(train_part, prep, 1, args.repeat)
+            finally:
+                torch.cuda.profiler.stop()
         part_peak = peak_extra(train_part, prep)
     finally:
         if patch is not None:
