@@ -1,5 +1,6 @@
 """The fused sampler (CUDA): the exact filtered law, kept sets at real vocabulary sizes, reproducibility,
-log-probs equal to rlkernel.logp (bitwise, or within the contract's bound on the candidates path), the generator contract (offsets, CUDA graphs), torch.compile, bad rows."""
+log-probs equal to rlkernel.logp (bitwise, or within the contract's bound on the candidates path), the generator
+contract (offsets, CUDA graphs), torch.compile, bad rows."""
 
 import pytest
 import torch
