@@ -68,7 +68,7 @@ struct FastPathDevice {
 };
 constexpr int kMaxDevices = 64;
 
-template <typename T, bool kLse>
+template <typename T, bool kLse = false>  // (the default: the plain draw's, as tools/sampler_timeline/driver.cu asks)
 const FastPathDevice& fast_path_device(int device) {
   static std::once_flag once[kMaxDevices];
   static FastPathDevice info[kMaxDevices];
