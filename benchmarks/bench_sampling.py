@@ -14,8 +14,8 @@ Paths, all drawing from the same law (rlkernel.sample's):
          where flashinfer imports (on a GPU node: `source .fi/env.sh`, made by tools/flashinfer_kit.sh); otherwise one
          line "flashinfer: not available (<reason>)" and the other columns
 --logprobs times, instead of the table above, the fused calls with their log-probs against the same calls without:
-  return_logprobs="processed" (out of the sampler's own pass, issue 38: target <= 1.15x) and True (the raw
-  log-prob, the fused logp kernel after the draw), for the scalar call (generator) and the per-row one (rows)
+  return_logprobs="processed" and True (the raw log-prob), both out of the sampler's own pass (issue 38: target
+  <= 1.15x each), for the scalar call (generator) and the per-row one (rows)
 Each call is timed alone with CUDA events while the GPU is kept busy ahead of the host (torch.cuda._sleep), so
 host launch overhead is not counted; the inputs rotate over enough buffers to exceed the L2 cache; the median of
 --reps calls is reported, with the bandwidth of reading the logits once (bytes / median).

@@ -58,9 +58,9 @@ SampleSettings scalar_settings(float temperature, int64_t top_k, double top_p, c
   return s;
 }
 
-// What the fast path's launches need to know about a device, found once per device and element type: the
-// candidates kernel's dynamic shared memory opt-in, its resident blocks (the persistent grid), and whether
-// programmatic dependent launch exists (compute capability 9+).
+// What the fast path's launches need to know about a device, found once per device and candidates kernel (element
+// type, and whether it stores the raw log-probs' chunk states): its dynamic shared memory opt-in, its resident blocks
+// (the persistent grid), and whether programmatic dependent launch exists (compute capability 9+).
 struct FastPathDevice {
   cudaError_t err = cudaSuccess;
   int major = 0;
@@ -68,7 +68,7 @@ struct FastPathDevice {
 };
 constexpr int kMaxDevices = 64;
 
-template <typename T>
+template <typename T, bool kLse = false>  // (the default: the plain draw's, as tools/sampler_timeline/driver.cu asks)
 const FastPathDevice& fast_path_device(int device) {
   static std::once_flag once[kMaxDevices];
   static FastPathDevice info[kMaxDevices];
@@ -76,12 +76,13 @@ const FastPathDevice& fast_path_device(int device) {
     FastPathDevice& d = info[device];
     constexpr int smem = static_cast<int>(kStages * kStageBytes<T>);
     int sms = 0, per_sm = 0;
-    d.err = cudaFuncSetAttribute(rlkernel_sample_candidates<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    d.err = cudaFuncSetAttribute(rlkernel_sample_candidates<T, kLse>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem);
     if (d.err == cudaSuccess) d.err = cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device);
     if (d.err == cudaSuccess) d.err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (d.err == cudaSuccess) {
-      d.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rlkernel_sample_candidates<T>, kCandThreads,
-                                                            smem);
+      d.err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rlkernel_sample_candidates<T, kLse>,
+                                                            kCandThreads, smem);
     }
     d.candidate_blocks = per_sm * sms;
     if (d.err == cudaSuccess && d.candidate_blocks == 0) d.err = cudaErrorInvalidConfiguration;
@@ -89,7 +90,8 @@ const FastPathDevice& fast_path_device(int device) {
   return info[device];
 }
 
-// kDraw (ids), kDrawLogp (ids and out.logp) or the processed log-prob forward (kStats: out), on the same kernels.
+// kDraw (ids), kDrawLogp / kDrawLogpRaw (ids and out.logp) or the processed log-prob forward (kStats: out), on the
+// same kernels.
 template <typename T, int kMode>
 const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t row_stride, const SampleSettings& s,
                          int64_t* ids, const ProcessedOut& out, const ErrorSink& errors, void* workspace,
@@ -99,20 +101,23 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
         logits, row_stride, vocab, s, ids, out, errors);
     return nullptr;
   }
+  constexpr bool kLse = kMode == kDrawLogpRaw;  // the candidates kernel also stores each chunk's softmax states
   const int64_t splits = splits_for(vocab);
-  if (workspace_bytes < sample_rows_workspace_bytes(rows, vocab, s)) return "sample workspace too small";
+  if (workspace_bytes < sample_rows_workspace_bytes(rows, vocab, s, kLse)) return "sample workspace too small";
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   if (device >= kMaxDevices) return "device index beyond the sampler's per-device table";
-  const FastPathDevice& dev = fast_path_device<T>(device);
+  const FastPathDevice& dev = fast_path_device<T, kLse>(device);
   if (dev.err != cudaSuccess) return cudaGetErrorString(dev.err);
-  auto* cand = static_cast<uint64_t*>(workspace);
-  auto* counts = reinterpret_cast<uint32_t*>(cand + rows * splits * kCandCap);
   const int64_t chunks = rows * splits;
+  // workspace: the candidates, the chunk states (kLse; 8-byte aligned after the candidates), the counts
+  auto* cand = static_cast<uint64_t*>(workspace);
+  auto* states = kLse ? reinterpret_cast<float2*>(cand + chunks * kCandCap) : nullptr;
+  auto* counts = reinterpret_cast<uint32_t*>(cand + chunks * kCandCap) + (kLse ? 2 * chunks * kCandWarps : 0);
   const unsigned grid = static_cast<unsigned>(chunks < dev.candidate_blocks ? chunks : dev.candidate_blocks);
-  rlkernel_sample_candidates<T><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
-      logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), s, cand, counts);
+  rlkernel_sample_candidates<T, kLse><<<grid, kCandThreads, kStages * kStageBytes<T>, stream>>>(
+      logits, row_stride, vocab, static_cast<int>(splits), static_cast<int>(chunks), s, cand, counts, states);
   // Programmatic dependent launch on Hopper and later: the select grid is scheduled while the candidates grid
   // drains and waits for its results in cudaGridDependencySynchronize, hiding the gap between the two kernels.
   cudaLaunchAttribute pdl{};
@@ -126,7 +131,8 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
   cfg.numAttrs = dev.major >= 9 ? 1 : 0;
   err = cudaLaunchKernelEx(&cfg, rlkernel_sample_select<T, kMode>, logits, row_stride, vocab,
                            static_cast<int>(splits), static_cast<const uint64_t*>(cand),
-                           static_cast<const uint32_t*>(counts), s, ids, out, errors);
+                           static_cast<const uint32_t*>(counts), s, ids, out, errors,
+                           static_cast<const float2*>(states));
   if (err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
 }
@@ -167,10 +173,11 @@ const char* last_error(const char* msg) {
 
 }  // namespace
 
-size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s) {
+size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s, bool raw_logp) {
   if (!use_fast_path(vocab, s)) return 0;
   const int64_t slots = rows * splits_for(vocab);
-  return static_cast<size_t>(slots) * (kCandCap * sizeof(uint64_t) + sizeof(uint32_t));
+  const size_t states = raw_logp ? kCandWarps * sizeof(float2) : 0;  // the raw log-probs' chunk states
+  return static_cast<size_t>(slots) * (kCandCap * sizeof(uint64_t) + states + sizeof(uint32_t));
 }
 
 size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k) {
@@ -179,18 +186,25 @@ size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, in
 
 const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                                const SampleSettings& settings, int64_t* ids, float* logp, const ErrorSink& errors,
-                               void* workspace, size_t workspace_bytes, void* stream) {
+                               void* workspace, size_t workspace_bytes, void* stream, bool raw_logp) {
   if (rows <= 0) return nullptr;
   if (const char* msg = check_sizes(rows, vocab, settings)) return msg;
   auto range = op_range<SampleMessage>();
   ProcessedOut out;
-  out.logp = logp;  // kDrawLogp writes the drawn ids' log-probs here; the other fields are stats mode's
+  out.logp = logp;  // the draws_logp modes write the drawn ids' log-probs here; the other fields are stats mode's
   const auto st = static_cast<cudaStream_t>(stream);
-  return last_error(logp != nullptr
-                        ? launch_any<kDrawLogp>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors,
-                                                workspace, workspace_bytes, st)
-                        : launch_any<kDraw>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors,
-                                            workspace, workspace_bytes, st));
+  const char* msg = nullptr;
+  if (logp == nullptr) {
+    msg = launch_any<kDraw>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors, workspace,
+                            workspace_bytes, st);
+  } else if (raw_logp) {
+    msg = launch_any<kDrawLogpRaw>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors, workspace,
+                                   workspace_bytes, st);
+  } else {
+    msg = launch_any<kDrawLogp>(logits, dtype, rows, vocab, row_stride, settings, ids, out, errors, workspace,
+                                workspace_bytes, st);
+  }
+  return last_error(msg);
 }
 
 const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,

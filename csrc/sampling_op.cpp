@@ -81,6 +81,7 @@ rlkernel::SampleSettings settings_of(const Tensor& logits, double temperature, i
   s.top_k_rows = rows_of<int64_t>(top_k_rows, logits, at::kLong, "top_k");
   s.top_p_rows = rows_of<float>(top_p_rows, logits, at::kFloat, "top_p");
   s.min_p_rows = rows_of<float>(min_p_rows, logits, at::kFloat, "min_p");
+  s.raw_c = rlkernel::log2e_over(temperature > 0.0 ? temperature : 1.0);  // the logp forward's scale (T = 0: T' = 1)
   return s;
 }
 
@@ -91,7 +92,7 @@ void check_logits(const Tensor& logits, const char* op) {
 }
 
 // The draw of sample and sample_processed: ids int64 [N] into `ids`, and (logp non-null) each drawn id's processed
-// log-prob from the same kernels (float32 [N]). A row without a distribution gets -1 (log-prob NaN) and is reported
+// log-prob from the same kernels (float32 [N]; raw: the unfiltered one instead). A row without a distribution gets -1 (log-prob NaN) and is reported
 // to the error record (error_*); a row whose per-row setting is out of range gets -1 (NaN) and a kErrOpBadArg
 // entry. seeded: each row's noise comes from (seed, offset) (seed_rows / offset_rows per row), never from the
 // generator, and not from the row's position.
@@ -100,7 +101,7 @@ void draw(const Tensor& logits, double temperature, int64_t top_k, double top_p,
           const std::optional<Tensor>& temperature_rows, const std::optional<Tensor>& top_k_rows,
           const std::optional<Tensor>& top_p_rows, const std::optional<Tensor>& min_p_rows, bool seeded,
           int64_t seed, const std::optional<Tensor>& seed_rows, int64_t offset,
-          const std::optional<Tensor>& offset_rows, const Tensor& ids, float* logp) {
+          const std::optional<Tensor>& offset_rows, const Tensor& ids, float* logp, bool raw = false) {
   const int64_t n = logits.size(0), vocab = logits.size(1);
   const int device = logits.device().index();
   rlkernel::SampleSettings s =
@@ -118,12 +119,12 @@ void draw(const Tensor& logits, double temperature, int64_t top_k, double top_p,
     // T = 0 for every row is argmax and draws nothing: the generator is left as it was
     s.generator = philox_args(generator, device, rlkernel::kSampleOffsetIncrement);
   }
-  const size_t ws_bytes = rlkernel::sample_rows_workspace_bytes(n, vocab, s);
+  const size_t ws_bytes = rlkernel::sample_rows_workspace_bytes(n, vocab, s, raw);
   Tensor ws = at::empty({static_cast<int64_t>(ws_bytes)}, logits.options().dtype(at::kByte));
   const char* err = rlkernel::sample_rows_launch(
       logits.data_ptr(), rlkernel::elem_type_of(logits, "rlkernel sample"), n, vocab,
       n > 1 ? logits.stride(0) : vocab, s, ids.data_ptr<int64_t>(), logp, errors,
-      ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device));
+      ws_bytes ? ws.data_ptr() : nullptr, ws_bytes, rlkernel::current_cuda_stream(device), raw);
   TORCH_CHECK(err == nullptr, "rlkernel sample: ", err);
 }
 
@@ -150,13 +151,13 @@ std::tuple<Tensor, Tensor> sample_processed(
     int64_t error_record, int64_t error_seq, double min_p, const std::optional<Tensor>& temperature_rows,
     const std::optional<Tensor>& top_k_rows, const std::optional<Tensor>& top_p_rows,
     const std::optional<Tensor>& min_p_rows, bool seeded, int64_t seed, const std::optional<Tensor>& seed_rows,
-    int64_t offset, const std::optional<Tensor>& offset_rows) {
+    int64_t offset, const std::optional<Tensor>& offset_rows, bool raw) {
   check_logits(logits, "sample");
   c10::DeviceGuard guard(logits.device());
   Tensor ids = at::empty({logits.size(0)}, logits.options().dtype(at::kLong));
   Tensor logp = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));
   draw(logits, temperature, top_k, top_p, generator, error_record, error_seq, min_p, temperature_rows, top_k_rows,
-       top_p_rows, min_p_rows, seeded, seed, seed_rows, offset, offset_rows, ids, logp.data_ptr<float>());
+       top_p_rows, min_p_rows, seeded, seed, seed_rows, offset, offset_rows, ids, logp.data_ptr<float>(), raw);
   return {ids, logp};
 }
 
@@ -236,7 +237,7 @@ Tensor logp_processed_backward(const std::optional<Tensor>& grad_logp, const std
 
 // sample: the scalar settings first (as before), then min_p, the per-row settings (a tensor, when given, replaces
 // its scalar) and the seeded mode. sample_processed: the same arguments and draw, and each drawn id's processed
-// log-prob from the same kernels in the same pass. The processed log-probs share the sampler's kernels
+// log-prob from the same kernels in the same pass (raw=True: its unfiltered log-prob, from the same pass too). The processed log-probs share the sampler's kernels
 // (csrc/sampling.cu).
 TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("sample(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None, "
@@ -246,7 +247,8 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("sample_processed(Tensor logits, float temperature, int top_k, float top_p, Generator? generator=None, "
         "int error_record=0, int error_seq=0, float min_p=0.0, Tensor? temperature_rows=None, "
         "Tensor? top_k_rows=None, Tensor? top_p_rows=None, Tensor? min_p_rows=None, bool seeded=False, int seed=0, "
-        "Tensor? seed_rows=None, int offset=0, Tensor? offset_rows=None) -> (Tensor ids, Tensor logprobs)");
+        "Tensor? seed_rows=None, int offset=0, Tensor? offset_rows=None, bool raw=False) -> (Tensor ids, "
+        "Tensor logprobs)");
   m.def("logp_processed_forward(Tensor logits, Tensor token_ids, float temperature, int top_k, float top_p, "
         "float min_p, Tensor? temperature_rows, Tensor? top_k_rows, Tensor? top_p_rows, Tensor? min_p_rows, "
         "int ignore_index, bool compute_entropy, int error_record=0, int error_seq=0, int error_op=1, "

@@ -26,12 +26,13 @@ at::Tensor sample(const at::Tensor& logits, double temperature, int64_t top_k, d
                   bool seeded, int64_t seed, const std::optional<at::Tensor>& seed_rows, int64_t offset,
                   const std::optional<at::Tensor>& offset_rows);
 
-// (ids[N], processed log-probs[N] float32): torch.ops.rlkernel.sample_processed, the same arguments as sample.
+// (ids[N], processed log-probs[N] float32): torch.ops.rlkernel.sample_processed, the same arguments as sample; raw:
+// the unfiltered log-probs instead (rlkernel.sample's return_logprobs=True), from the same pass.
 std::tuple<at::Tensor, at::Tensor> sample_processed(
     const at::Tensor& logits, double temperature, int64_t top_k, double top_p, std::optional<at::Generator> generator,
     int64_t error_record, int64_t error_seq, double min_p, const std::optional<at::Tensor>& temperature_rows,
     const std::optional<at::Tensor>& top_k_rows, const std::optional<at::Tensor>& top_p_rows,
     const std::optional<at::Tensor>& min_p_rows, bool seeded, int64_t seed, const std::optional<at::Tensor>& seed_rows,
-    int64_t offset, const std::optional<at::Tensor>& offset_rows);
+    int64_t offset, const std::optional<at::Tensor>& offset_rows, bool raw);
 
 }  // namespace rlkernel::ops

@@ -213,7 +213,8 @@ def rollout(policy: Policy, cfg: GRPOConfig, generator: torch.Generator, device:
             logits = policy.logits(h, cfg.dtype)
             # One draw gives both log-probs: sample() returns the processed one (bitwise rlkernel.logp with the
             # same filters), and the raw one is rlkernel.logp on the same logits, ids and T' (1 where T = 0) on the
-            # same backend ("auto" both), bitwise what return_logprobs=True would have returned.
+            # same backend ("auto" both): what return_logprobs=True returns, bitwise natively, within the contract's
+            # bound on the fused path (docs/contracts.md, section 1), where True comes from the sampler's own pass.
             tok, lp = rlkernel.sample(logits, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                                       generator=generator, return_logprobs="processed")
             ids.append(tok)

@@ -24,7 +24,9 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     ``generator``: a row's draw is then a pure function of its logits, settings, seed and offset, the same alone or
     in any batch. ``return_logprobs=True`` also returns the drawn token's log-prob under the unfiltered
     softmax(logits / T) (T = 1 when T = 0); ``"processed"`` under the filtered, renormalised distribution it was
-    drawn from; both bitwise what ``rlkernel.logp`` gives on the same backend with the same arguments.
+    drawn from; both what ``rlkernel.logp`` gives on the same backend with the same arguments, bit for bit but for
+    the fused ``True``, which comes from the sampler's own pass and keeps a stated bound of it (bit for bit on its
+    whole-row path with a number T; docs/contracts.md, section 1).
     On CUDA nothing here waits for the GPU: a row without a distribution, or with a per-row setting out of range,
     gets id -1 (log-prob NaN) and goes to the device error record (``rlkernel.check_errors``). See
     docs/contracts.md, section 1.
@@ -34,8 +36,8 @@ def sample(logits: torch.Tensor, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0
     mode = check_return_logprobs(return_logprobs)
     rec = dispatch.resolve("sample", backend, require_fused, logits.device, logits.dtype)
     if rec.status == "fused":
-        # unfiltered, the processed law is the plain one and rlkernel.logp takes its plain kernel: so does this (the
-        # filtered case comes out of the sampler's own pass, bitwise the processed logp kernel's)
+        # unfiltered, the processed law is the plain one: the raw log-prob (True), as rlkernel.logp takes its plain
+        # kernel for it (both come out of the sampler's own pass; the filtered one bitwise the processed kernel's)
         fused_mode = True if mode == "processed" and not settings.filtered(logits.shape[-1]) else mode
         ids, lp = sample_fused(logits, temperature=settings.temperature, top_k=settings.top_k,
                                top_p=settings.top_p, min_p=settings.min_p, generator=generator, seed=seed,

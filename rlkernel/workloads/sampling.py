@@ -86,8 +86,9 @@ def _compare_sample(inp) -> str | None:
 # ---- bytes and flops ----------------------------------------------------------------------------------
 
 def _sample_bytes(s: Shape, dtype) -> int:
-    # one read of the logits, the ids written. A call with return_logprobs="processed" (the fused path) moves 4
-    # bytes more a row, its log-probs: they come out of the same read (docs/contracts.md, section 1).
+    # one read of the logits, the ids written. A call with return_logprobs (the fused path, "processed" or True)
+    # moves 4 bytes more a row, its log-probs: they come out of the same read (docs/contracts.md, section 1; True's
+    # candidates path also writes and reads 64 bytes of softmax states per 8192-token chunk, < 0.4 % of a bf16 chunk)
     return s.rows * s.vocab_size * _size(dtype) + s.rows * 8
 
 

@@ -24,6 +24,11 @@ struct RowGradArgs {
   const float* stats;       // [n_rows, 2] from the forward
 };
 
+// log2(e) / T, the row kernels' scale of the logits (base-2 units), rounded once from double: the logp forward's and
+// the sampler's raw log-probs' (sampling_api.h, SampleSettings::raw_c) one expression, so their scales agree bit for
+// bit.
+inline float log2e_over(double temperature) { return static_cast<float>(1.4426950408889634 / temperature); }
+
 // Current CUDA stream of a device, from torch (csrc/cuda_stream.cpp: the one file built with torch's CUDA headers).
 void* current_cuda_stream(int device_index);
 

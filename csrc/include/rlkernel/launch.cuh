@@ -23,8 +23,9 @@ inline const char* last_error() {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// log2(e) / T and 1 / T, the kernels' scales, rounded once from double.
-inline float log2e_over(double temperature) { return static_cast<float>(1.4426950408889634 / temperature); }
+// log2(e) / T (log2e_over, common_api.h: the sampler's raw log-probs take it too) and 1 / T, the kernels' scales,
+// rounded once from double.
+using ::rlkernel::log2e_over;
 inline float inverse(double temperature) { return static_cast<float>(1.0 / temperature); }
 
 // Calls f(T{}) for the element type.

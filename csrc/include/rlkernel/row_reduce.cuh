@@ -217,6 +217,25 @@ struct TeamSmem {
   RowState warp_state[kCtaThreads / 32];
 };
 
+// Step 3 of the order above: the team's per-thread states merged (a butterfly over lanes, then the team's warps in
+// order in its first warp), to every thread of the team. Every thread of the CTA calls it (it has __syncthreads
+// when TEAM > 32). Also the sampler's merge of its per-chunk states (sampling_kernels.cuh, raw log-probs).
+template <bool ENTROPY, int TEAM>
+__device__ __forceinline__ RowState team_merge(RowState st, TeamSmem& smem) {
+  st = warp_merge<ENTROPY>(st);
+  if constexpr (TEAM > 32) {
+    constexpr int W = TEAM / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // the previous row's readers are done with warp_state
+    if (lane == 0) smem.warp_state[warp] = st;
+    __syncthreads();
+    const int first = (threadIdx.x / TEAM) * W;
+    st = lane < W ? smem.warp_state[first + lane] : empty_state();
+    st = warp_merge<ENTROPY>(st);
+  }
+  return st;
+}
+
 // The state of one row, reduced by a team of TEAM threads (tid = thread index within the team). Every thread of
 // the CTA must call it (same V for all: the loop trip counts agree); `active` = false for a team without a row
 // (it loads nothing and returns the empty state). Every thread of the team gets the same state, bit for bit.
@@ -239,18 +258,7 @@ __device__ __forceinline__ RowState team_row_state(const T* __restrict__ row, in
       add_chunk<T, ENTROPY, kUnroll>(st, v, c);
     }
   }
-  st = warp_merge<ENTROPY>(st);
-  if constexpr (TEAM > 32) {
-    constexpr int W = TEAM / 32;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // the previous row's readers are done with warp_state
-    if (lane == 0) smem.warp_state[warp] = st;
-    __syncthreads();
-    const int first = (threadIdx.x / TEAM) * W;
-    st = lane < W ? smem.warp_state[first + lane] : empty_state();
-    st = warp_merge<ENTROPY>(st);
-  }
-  return st;
+  return team_merge<ENTROPY, TEAM>(st, smem);
 }
 
 // Per-row results from a reduced state. lse2 = log2-sum-exp of y = r + log2(s) is kept as (r, log2 s) so the

@@ -44,6 +44,10 @@ struct SampleSettings {
   int64_t seed = 0, offset = 0;
   const int64_t* seed_rows = nullptr;
   const int64_t* offset_rows = nullptr;
+  // raw log-probs (sample_rows_launch with raw_logp): log2(e) / T' of the scalar temperature as the logp forward
+  // rounds it (log2e_over of the double, T' = 1 where T = 0), so its scale is that kernel's bit for bit; a per-row
+  // temperature's rows take __fdiv_rn(log2(e), T') of their float T instead
+  float raw_c = 1.4426950408889634f;
 };
 
 // Argument codes of kErrOpBadArg entries (rlkernel/errors.py names them).
@@ -65,7 +69,7 @@ struct ProcessedOut {
 // Bytes of device workspace the launches below need (the fast path's candidates; 0 if none). Depends on the
 // scalar settings and on which are per row, never on per-row values.
 size_t sample_workspace_bytes(int64_t rows, int64_t vocab, float temperature, int64_t top_k);
-size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s);
+size_t sample_rows_workspace_bytes(int64_t rows, int64_t vocab, const SampleSettings& s, bool raw_logp = false);
 
 // Draw one id per row into ids[rows] (int64). logits: rows x vocab, row i at logits + i * row_stride
 // elements, unit stride inside a row. temperature 0 = argmax. top_k 0 = all, top_p 1 = all.
@@ -81,9 +85,14 @@ const char* sample_launch(const void* logits, ElemType dtype, int64_t rows, int6
 // log-prob (float32 [rows]; NaN where the id is -1) from the same kernels in the same pass (no second read of the
 // logits), bitwise what logp_processed_forward_launch gives for that id with the same settings: the kept set's
 // mass is summed by the same integer code, and the log-prob is the same expression of it (sampling_filter.cuh).
+// raw_logp (with logp): instead the drawn id's unfiltered log-prob under softmax(logits / T') (T' = T, 1 where
+// T = 0), from the same kernels too: the row's max and sum of exponentials come from the candidates kernel's
+// per-chunk states (the fast path) or from the logp forward's own row reduction run by the whole-row path's block
+// (docs/contracts.md, section 1: the bound against the logp forward). The workspace is then
+// sample_rows_workspace_bytes(..., true).
 const char* sample_rows_launch(const void* logits, ElemType dtype, int64_t rows, int64_t vocab, int64_t row_stride,
                                const SampleSettings& settings, int64_t* ids, float* logp, const ErrorSink& errors,
-                               void* workspace, size_t workspace_bytes, void* stream);
+                               void* workspace, size_t workspace_bytes, void* stream, bool raw_logp = false);
 
 // The processed log-prob forward: the sampler's own filter code finds each row's kept set (so the sampler and this
 // agree bit for bit), then writes ProcessedOut. Bad ids (outside [0, vocab), not ignore_index) give NaN and go to

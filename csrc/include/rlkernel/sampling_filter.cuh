@@ -92,7 +92,14 @@ __device__ __forceinline__ RowNoise row_noise(const SampleSettings& s, int64_t r
 // (kDrawLogp: rlkernel.sample(..., return_logprobs="processed")): draw an id and write its processed log-prob from
 // the kept set's mass, summed by the same integer code as kStats sums it (fixed_weight, any order: the same bits),
 // so the sampler's log-prob is the logp forward's for that id bit for bit, with no second pass over the logits.
-constexpr int kDraw = 0, kStats = 1, kDrawLogp = 2;
+// kDrawLogpRaw (rlkernel.sample(..., return_logprobs=True)): draw as kDraw does, then write the drawn id's unfiltered
+// log-prob from the row's max and sum of exponentials (sampling_kernels.cuh, "raw log-probs"); the law itself runs
+// in kDraw (law_mode), so the ids are kDraw's.
+constexpr int kDraw = 0, kStats = 1, kDrawLogp = 2, kDrawLogpRaw = 3;
+// What the law's code (filter_and_draw, finish_sorted) runs for a kernel's mode, and whether the kernel writes a
+// log-prob per drawn id (a row without a distribution or with a bad setting: NaN, mark_bad_row / row_prologue).
+__host__ __device__ constexpr int law_mode(int mode) { return mode == kDrawLogpRaw ? kDraw : mode; }
+__host__ __device__ constexpr bool draws_logp(int mode) { return mode == kDrawLogp || mode == kDrawLogpRaw; }
 
 struct FilterArgs {
   int64_t vocab, row;
@@ -102,7 +109,7 @@ struct FilterArgs {
   float log_min_p;
   RowNoise noise;
   int64_t* ids;  // draw modes: where the id goes
-  float* logp;   // kDrawLogp: where the drawn id's processed log-prob goes (nullptr in the other modes)
+  float* logp;   // draws_logp modes: where the drawn id's log-prob goes (nullptr in the other modes)
   ErrorSink errors;
 };
 

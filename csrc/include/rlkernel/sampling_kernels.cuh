@@ -324,6 +324,93 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
   ++rs.seen;
 }
 
+// ---- raw log-probs (kDrawLogpRaw: rlkernel.sample(..., return_logprobs=True)) ----
+// The drawn id's log-prob under softmax(x / T') (T' = T, 1 where T = 0) from the row's online-softmax state of
+// y = x * c, c = log2(e) / T' (row_reduce.cuh's RowState: the max and the sum of 2^(y - max), base 2), so that the
+// log-prob is the logp forward's own expression of it (target_logp). Where the state comes from:
+//  - fast path: the candidates kernel, in the pass that filters, adds each chunk's tokens thread by thread (a
+//    thread's vectors in order, each by add_chunk's pairwise tree), merges each warp's 32 states (warp_merge) and
+//    stores one state per (chunk, warp); select merges the row's states, thread i taking states i, i + 512, ... in
+//    order, then team_merge over the block. No second read of the logits. Every step is a function of (V, dtype)
+//    alone: the same bits whichever block filters a chunk, whether its vectors were staged, and in any batch. Not
+//    the logp forward's order (a team of one row's threads walking the whole row), so within a bound of it
+//    (docs/contracts.md, section 1).
+//  - whole-row path (the row's block reads it anyway, several times): team_row_state with the logp forward's own
+//    team (row_team_threads(V)): its state bit for bit, one more read of the row.
+using SoftmaxState = ::rlkernel::RowState;
+constexpr int kCandWarps = kCandThreads / 32;  // states a chunk stores
+static_assert(kRowThreads == kCtaThreads, "the whole-row path runs the logp forward's team reduction");
+
+// c of a row: the scalar temperature's as the logp forward rounds it (host, SampleSettings::raw_c), else from the
+// row's float T (T' = 1 where T = 0; a bad T's row draws nothing, so any value)
+__device__ __forceinline__ float raw_scale(const SampleSettings& s, int64_t row) {
+  if (s.temperature_rows == nullptr) return s.raw_c;
+  const float t = s.temperature_rows[row];
+  return t > 0.f ? __fdiv_rn(kLog2e, t) : kLog2e;
+}
+
+// Candidates kernel: this chunk's state, one per warp, into out[warp]. A vector not staged (an unaligned row, the
+// row's end) is read from global memory into the same registers, -inf past the row: the same bits either way.
+template <typename T, bool kRegular>
+__device__ __forceinline__ void store_chunk_state(const Chunk<T>& ch, int64_t vocab, float c, const T* mine,
+                                                  float2* out) {
+  SoftmaxState st = empty_state();
+#pragma unroll
+  for (int j = 0; j < kVecsPerThread<T>; ++j) {
+    RawVec v[1];  // one vector at a time: few registers in a kernel capped at 80
+    if (kRegular || vec_staged(ch, vocab, j)) {
+      v[0].u4 = *reinterpret_cast<const uint4*>(mine + j * kVecStride<T>);
+    } else {
+      const int64_t e0 = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
+      v[0] = e0 < vocab ? load_vec<T>(ch.row_ptr, static_cast<int>(e0), static_cast<int>(vocab), false)
+                        : neg_inf_vec<T>();
+    }
+    add_chunk<T, false, 1>(st, v, c);
+  }
+  st = warp_merge<false>(st);
+  if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = make_float2(st.m, st.s);
+}
+
+// Select: the row's state from its chunks' n stored states (every thread of the block calls it).
+__device__ __forceinline__ SoftmaxState merged_chunk_state(const float2* states, int n, TeamSmem& smem) {
+  SoftmaxState st = empty_state();
+  for (int i = threadIdx.x; i < n; i += kRowThreads) {
+    const float2 x = states[i];
+    st = merge_state<false>(st, SoftmaxState{x.x, x.y, 0.f});
+  }
+  return team_merge<false, kRowThreads>(st, smem);
+}
+
+// The whole-row path: the logp forward's reduction of the row, by its team (threads 0 .. TEAM - 1; the block's
+// other threads take part in the barriers only). Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ SoftmaxState whole_row_state(const T* row_ptr, int64_t vocab, float c, TeamSmem& smem) {
+  const int v = static_cast<int>(vocab);
+  const bool lead = threadIdx.x < static_cast<unsigned>(row_team_threads(vocab, sizeof(T)));
+  switch (row_team_threads(vocab, sizeof(T))) {
+    case 32: return team_row_state<T, 32, false>(row_ptr, v, c, lead, smem);
+    case 64: return team_row_state<T, 64, false>(row_ptr, v, c, lead, smem);
+    case 128: return team_row_state<T, 128, false>(row_ptr, v, c, lead, smem);
+    case 256: return team_row_state<T, 256, false>(row_ptr, v, c, lead, smem);
+    default: return team_row_state<T, kCtaThreads, false>(row_ptr, v, c, lead, smem);
+  }
+}
+
+// After the draw (every thread of the block calls it; `whole`: the row took the whole-row path, block-uniform):
+// thread 0 writes the drawn id's raw log-prob, as the logp forward writes it (target_logp of the same state
+// fields). A row with id -1 already has NaN (mark_bad_row).
+template <typename T>
+__device__ __forceinline__ void write_raw_logp(const T* row_ptr, int64_t vocab, int64_t row, float c, bool whole,
+                                               const float2* states, int splits, TeamSmem& smem,
+                                               const int64_t* ids, float* logp) {
+  const SoftmaxState st = whole ? whole_row_state(row_ptr, vocab, c, smem)
+                                : merged_chunk_state(states + row * splits * kCandWarps, splits * kCandWarps, smem);
+  if (threadIdx.x != 0) return;
+  const int64_t id = ids[row];  // thread 0 wrote it (the law's writes are thread 0's)
+  if (id < 0) return;
+  logp[row] = target_logp(ElemTraits<T>::to_float(row_ptr[id]), c, finish_row<false>(st));
+}
+
 // Persistent: block b filters the contiguous chunks [b * chunks / G, (b + 1) * chunks / G) of the rows x splits
 // grid (row-major), so most of its chunks follow one of the same row and inherit its bound (filter_chunk): one
 // pass and one barrier a chunk, no search of their own (warp 0 searches the running maxima in a few of them). The next
@@ -335,25 +422,28 @@ struct CandRow {
   bool fast;
   float inv_t;
   int k;
+  float c;  // the raw log-probs' scale (raw_scale; unused, and dropped by the compiler, without them)
 };
 
 __device__ __forceinline__ CandRow cand_row(const SampleSettings& s, int row, int64_t vocab) {
   const RowSettings r = row_settings(s, row, vocab);
   const bool fast = r.bad < 0 && (r.argmax || (r.top_k >= 1 && r.top_k <= kMaxFastK));
-  return CandRow{fast, r.inv_t, static_cast<int>(fast ? r.top_k : 1)};
+  return CandRow{fast, r.inv_t, static_cast<int>(fast ? r.top_k : 1), raw_scale(s, row)};
 }
 
 // A row's chunk the candidates kernel does not filter (the row takes the whole-row path in select): its count says
 // "overflow".
 constexpr uint32_t kSkippedChunk = kCandCap + 1;
 
-template <typename T>
+// kLse (raw log-probs): each filtered chunk also stores its per-warp softmax states into states[chunk * kCandWarps
+// + warp] (store_chunk_state); the plain draw's instantiation has none of it.
+template <typename T, bool kLse = false>
 // (The minimum of 3 blocks an SM, what the fp32 stages' 64 KiB allow, caps registers at 80, which they stay well
 // under: without it ptxas spilled the fp32 kernel at 48 registers.)
 __global__ void __launch_bounds__(kCandThreads, 3)
     rlkernel_sample_candidates(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
                                int chunks, SampleSettings settings, uint64_t* __restrict__ cand,
-                               uint32_t* __restrict__ counts) {
+                               uint32_t* __restrict__ counts, float2* __restrict__ states) {
   extern __shared__ __align__(16) unsigned char stage_bytes[];  // kStages x kChunk logits
   __shared__ CandidateSmem sm;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -409,9 +499,12 @@ __global__ void __launch_bounds__(kCandThreads, 3)
     } else if (ch.regular) {
       filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
                             sm);
+      // (reads this thread's own slots only: no barrier; the next chunk's copy into them comes after, in order)
+      if constexpr (kLse) store_chunk_state<T, true>(ch, vocab, cr.c, mine, states + int64_t{c} * kCandWarps);
     } else {
       filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
                              sm);
+      if constexpr (kLse) store_chunk_state<T, false>(ch, vocab, cr.c, mine, states + int64_t{c} * kCandWarps);
     }
     searched = search;
     search = publish;
@@ -625,6 +718,7 @@ struct SelectSmem {
   union {
     RadixSmem radix;                 // the whole-row path
     uint64_t sorted[kMaxSmemCand];   // the candidates
+    TeamSmem team;                   // raw log-probs, after the draw (team_merge's barrier comes before its writes)
   };
   uint32_t offset[kRowThreads];
   uint32_t scan[32];
@@ -745,7 +839,7 @@ __device__ __forceinline__ bool row_prologue(int64_t row, int64_t vocab, const R
     if (r.bad < 0) return true;
     if (first) {
       ids[row] = -1;
-      if (kMode == kDrawLogp) o.logp[row] = NAN;
+      if (draws_logp(kMode)) o.logp[row] = NAN;
       report_bad_arg(errors, row, r.bad);
     }
     return false;
@@ -770,25 +864,15 @@ __device__ __forceinline__ bool row_prologue(int64_t row, int64_t vocab, const R
   return false;
 }
 
-// (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
-// registers for fp32, but with a spill.) kMode (sampling_filter.cuh): kDraw draws; kStats is the processed log-prob
-// forward, same kept set; kDrawLogp draws and writes the drawn id's processed log-prob to out.logp (out.ids unused).
+// One row's law in select (kMode: law_mode of the kernel's), after its prologue: the candidates path, or the
+// whole-row path for a row that is not fast or whose candidates overflow. Returns whether it took the whole-row path
+// (block-uniform). Every thread of the block calls it.
 template <typename T, int kMode>
-__global__ void __launch_bounds__(kRowThreads, 2)
-    rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
-                           const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
-                           SampleSettings settings, int64_t* ids, ProcessedOut out, ErrorSink errors) {
-  __shared__ SelectSmem sm;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // launched as a programmatic dependent of the candidates grid (Hopper+): from here on its writes are visible
-  cudaGridDependencySynchronize();
-#endif
-  const int64_t row = blockIdx.x;
-  const RowSettings rset = row_settings(settings, row, vocab);
-  int64_t id = 0;
-  if (!row_prologue<kMode>(row, vocab, rset, ids, out, errors, &id)) return;
-  const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
-                                      kMode == kDrawLogp ? out.logp : nullptr, errors);
+__device__ __forceinline__ bool select_row(const T* __restrict__ logits, int64_t row_stride, int64_t vocab,
+                                           int splits, const uint64_t* __restrict__ cand,
+                                           const uint32_t* __restrict__ counts, int64_t row, const RowSettings& rset,
+                                           int64_t id, const FilterArgs& args, const ProcessedOut& out,
+                                           SelectSmem& sm) {
   const T* row_ptr = logits + row * row_stride;
   const bool fast = rset.argmax || (args.top_k >= 1 && args.top_k <= kMaxFastK);
   // splits <= kRowThreads (the launcher checks): one thread per chunk
@@ -800,7 +884,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
     const KeptStats k = filter_and_draw<kRowThreads, kMode>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
                                                             args, sm.radix);
     if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
-    return;
+    return true;
   }
   if (threadIdx.x < splits) sm.offset[threadIdx.x] = before;
   __syncthreads();
@@ -825,7 +909,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   if (m > 0) {
     const KeptStats k = finish_sorted<kMode>(sm.sorted, m, args, sm.finish);
     if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
-    return;
+    return false;
   }
   // many ties at the k-th key: each warp sorts runs of 128 candidates and keeps the best 128 of its runs; then a
   // tree of merges across the warps (through shared memory, two barriers a level) leaves the row's best 128 in
@@ -865,24 +949,62 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   __syncthreads();
   const KeptStats k = finish_sorted<kMode>(sm.sorted, static_cast<int>(total), args, sm.finish);
   if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+  return false;
 }
 
-
+// (Two blocks an SM, so 256 rows are one wave on an H200's 132 SMs: without the minimum ptxas also settled on 64
+// registers for fp32, but with a spill.) kMode (sampling_filter.cuh): kDraw draws; kStats is the processed log-prob
+// forward, same kept set; kDrawLogp draws and writes the drawn id's processed log-prob to out.logp (out.ids unused);
+// kDrawLogpRaw draws as kDraw and then writes its raw log-prob to out.logp from the candidates kernel's chunk states
+// (`states`; nullptr in the other modes) or, on the whole-row path, the logp forward's reduction of the row.
 template <typename T, int kMode>
-__global__ void __launch_bounds__(kRowThreads)
-    rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, SampleSettings settings,
-                         int64_t* ids, ProcessedOut out, ErrorSink errors) {
-  __shared__ RadixSmem sm;
+__global__ void __launch_bounds__(kRowThreads, 2)
+    rlkernel_sample_select(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, int splits,
+                           const uint64_t* __restrict__ cand, const uint32_t* __restrict__ counts,
+                           SampleSettings settings, int64_t* ids, ProcessedOut out, ErrorSink errors,
+                           const float2* __restrict__ states) {
+  __shared__ SelectSmem sm;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // launched as a programmatic dependent of the candidates grid (Hopper+): from here on its writes are visible
+  cudaGridDependencySynchronize();
+#endif
   const int64_t row = blockIdx.x;
   const RowSettings rset = row_settings(settings, row, vocab);
   int64_t id = 0;
   if (!row_prologue<kMode>(row, vocab, rset, ids, out, errors, &id)) return;
   const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
-                                      kMode == kDrawLogp ? out.logp : nullptr, errors);
+                                      draws_logp(kMode) ? out.logp : nullptr, errors);
+  const bool whole = select_row<T, law_mode(kMode)>(logits, row_stride, vocab, splits, cand, counts, row, rset, id,
+                                                    args, out, sm);
+  if constexpr (kMode == kDrawLogpRaw) {
+    write_raw_logp(logits + row * row_stride, vocab, row, raw_scale(settings, row), whole, states, splits, sm.team,
+                   ids, out.logp);
+  }
+}
+
+union RowsSmem {
+  RadixSmem radix;
+  TeamSmem team;  // raw log-probs, after the draw (team_merge's barrier comes before its writes)
+};
+
+template <typename T, int kMode>
+__global__ void __launch_bounds__(kRowThreads)
+    rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, SampleSettings settings,
+                         int64_t* ids, ProcessedOut out, ErrorSink errors) {
+  __shared__ RowsSmem sm;
+  const int64_t row = blockIdx.x;
+  const RowSettings rset = row_settings(settings, row, vocab);
+  int64_t id = 0;
+  if (!row_prologue<kMode>(row, vocab, rset, ids, out, errors, &id)) return;
+  const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
+                                      draws_logp(kMode) ? out.logp : nullptr, errors);
   const T* row_ptr = logits + row * row_stride;
-  const KeptStats k =
-      filter_and_draw<kRowThreads, kMode>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm);
+  const KeptStats k = filter_and_draw<kRowThreads, law_mode(kMode)>(
+      RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm.radix);
   if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
+  if constexpr (kMode == kDrawLogpRaw) {
+    write_raw_logp(row_ptr, vocab, row, raw_scale(settings, row), true, nullptr, 0, sm.team, ids, out.logp);
+  }
 }
 
 }  // namespace sampling

@@ -4,12 +4,12 @@ The op (schema and CUDA impl in csrc/sampling_op.cpp, kernels in csrc/include/rl
 ``torch.ops.rlkernel.sample(logits[N, V], temperature, top_k, top_p, generator=None, error_record=0, error_seq=0,
 min_p=0.0, temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None, seeded=False, seed=0,
 seed_rows=None, offset=0, offset_rows=None) -> ids[N] int64``, and ``torch.ops.rlkernel.sample_processed`` (the same
-arguments) ``-> (ids[N] int64, logprobs[N] float32)``: the same draw, and each drawn id's processed log-prob from the
-same kernels in the same pass over the logits. A ``*_rows`` tensor ([N], float32; top_k, seeds and
-offsets int64) replaces its scalar: its values are read by the kernels only (the launch is chosen without them). A
-row without a distribution (a NaN, no logit above -inf, or at T > 0 a +inf logit) gets id -1 and is reported to the
-device error record at ``error_record`` under call ``error_seq`` (rlkernel.errors); a row whose per-row setting is
-out of range gets id -1 and an ``ERR_BAD_ARG`` entry naming the argument.
+arguments, then ``raw=False``) ``-> (ids[N] int64, logprobs[N] float32)``: the same draw, and each drawn id's processed
+log-prob (``raw=True``: its unfiltered one) from the same kernels in the same pass over the logits. A ``*_rows`` tensor
+([N], float32; top_k, seeds and offsets int64) replaces its scalar: its values are read by the kernels only (the launch
+is chosen without them). A row without a distribution (a NaN, no logit above -inf, or at T > 0 a +inf logit) gets id -1
+and is reported to the device error record at ``error_record`` under call ``error_seq`` (rlkernel.errors); a row whose
+per-row setting is out of range gets id -1 and an ``ERR_BAD_ARG`` entry naming the argument.
 
 The draw is a Gumbel race over the kept set with Philox noise keyed by (generator seed, offset, row, token id), or,
 with ``seeded``, by (the row's seed, the row's offset, token id) only: then a row's id does not depend on the batch
@@ -17,18 +17,16 @@ it is in. The same distribution as the native path, not the same ids for a seed.
 takes ``sample_processed``: the sampler's kernels sum the kept set's mass in the pass that draws, by the processed
 logp forward's own integer code, so the log-probs are ``logp_processed_fused``'s with the same settings bit for bit,
 inside ``op.sample`` and with no second kernel over the logits. ``return_logprobs=True`` (the unfiltered log-prob)
-still comes from the fused logp forward on the drawn ids (``logp_fused``, or ``logp_processed_fused`` without
-filters for a per-row T), after the draw, in its own ``op.logp.forward`` range: the sampler's fast path never sums
-the whole row, and the plain logp kernel's float reduction has another layout (docs/contracts.md, section 1). Either
-way no dispatch record of their own: the log-probs are part of the sample call.
+takes ``sample_processed(..., raw=True)``: the same kernels also reduce each row to its max and sum of exponentials
+(the candidates kernel per chunk, merged in select; the whole-row path by the logp forward's own row reduction), so
+no second kernel reads the logits; within a stated bound of ``rlkernel.logp`` rather than bitwise on the fast path
+(docs/contracts.md, section 1). Either way no dispatch record of their own: the log-probs are part of the sample call.
 """
 from __future__ import annotations
 
 import torch
 
 from rlkernel import _ext, errors
-from rlkernel.ops.fused.logp import logp_fused
-from rlkernel.ops.fused.logp_processed import logp_processed_fused
 from rlkernel.ops.rows import as_rows, eager_entry_ok, int64_arg, split_setting
 
 _registered = False
@@ -46,7 +44,7 @@ def _sample_fake(logits, temperature, top_k, top_p, generator=None, error_record
 
 def _sample_processed_fake(logits, temperature, top_k, top_p, generator=None, error_record=0, error_seq=0,
                            min_p=0.0, temperature_rows=None, top_k_rows=None, top_p_rows=None, min_p_rows=None,
-                           seeded=False, seed=0, seed_rows=None, offset=0, offset_rows=None):
+                           seeded=False, seed=0, seed_rows=None, offset=0, offset_rows=None, raw=False):
     n = logits.shape[0]
     return (torch.empty((n,), dtype=torch.int64, device=logits.device),
             torch.empty((n,), dtype=torch.float32, device=logits.device))
@@ -73,8 +71,8 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     """Fused draw for validated CUDA logits; returns (ids int64 of shape logits.shape[:-1], float32 log-probs or
     None). Each setting is a Python number or a CUDA tensor with one value per row; ``seed`` (an int or int64 per
     row) with ``offset`` replaces ``generator``. ``return_logprobs``: False, True (raw: under softmax(logits / T),
-    T = 1 when T = 0) or "processed" (under the filtered law, bitwise ``logp_processed_fused``, from the sampler's
-    own pass). No host sync."""
+    T = 1 when T = 0; within the bound of docs/contracts.md, section 1, of ``rlkernel.logp``) or "processed" (under
+    the filtered law, bitwise ``logp_processed_fused``), both from the sampler's own pass. No host sync."""
     if not _registered:
         ensure_registered()
     lead = logits.shape[:-1]
@@ -88,32 +86,17 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     o, o_rows = split_setting(offset, 0, torch.int64)
     address, seq, sync = errors.begin("sample", logits.device, lead, logits.shape[-1])
     # no gradient ever: the extension's own entry when nothing must see the op (rlkernel.ops.rows), else the
-    # registered op; the same C++ either way. "processed": the draw and its log-probs from one pass of the kernels.
+    # registered op; the same C++ either way. With log-probs (processed, or raw for True) the draw and its log-probs
+    # come from one pass of the kernels: no second kernel over the logits.
     eager = eager_entry_ok(rows, t_rows, k_rows, p_rows, mp_rows, s_rows, o_rows)
-    processed = return_logprobs == "processed"
-    if processed:
+    args = (rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows, k_rows,
+            p_rows, mp_rows, seeded, int64_arg(s), s_rows, int64_arg(o), o_rows)
+    if return_logprobs:
         op = _SAMPLE_PROCESSED_EAGER if eager else _SAMPLE_PROCESSED
+        ids, lp = op(*args, return_logprobs != "processed")  # raw: the unfiltered log-prob
+        ids, lp = ids.view(lead), lp.view(lead)
     else:
-        op = _SAMPLE_EAGER if eager else _SAMPLE
-    out = op(rows, float(t), int(k), float(p), None if seeded else generator, address, seq, float(mp), t_rows,
-             k_rows, p_rows, mp_rows, seeded, int64_arg(s), s_rows, int64_arg(o), o_rows)
-    ids, lp = (out[0].view(lead), out[1].view(lead)) if processed else (out.view(lead), None)
-    report_as = (address, seq, errors.ERR_SAMPLE_NO_DIST)
-    if return_logprobs and not processed:
-        # the fused logp forward itself (same kernels, same bits as rlkernel.logp), without a dispatch record of its
-        # own: the log-probs are part of this sample call, and so are their errors (a row without a distribution
-        # has id -1 here, reported under the sample call's number, where the sampler already put the same entry)
-        with torch.no_grad():
-            if isinstance(temperature, torch.Tensor):
-                # per-row T: rlkernel.logp takes the processed kernel for any tensor setting; with no filter its law
-                # is the raw one, under each row's own T (T = 1 where T = 0, as for a number)
-                t_raw = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-                lp, _ = logp_processed_fused(logits, ids, temperature=t_raw, top_k=0, top_p=1.0, min_p=0.0,
-                                             ignore_index=-100, return_entropy=False, report_as=report_as)
-            else:
-                lp, _ = logp_fused(logits, ids, temperature=temperature if temperature > 0 else 1.0,
-                                   ignore_index=-100, return_entropy=False, inplace_backward=False,
-                                   report_as=report_as)
+        ids, lp = (_SAMPLE_EAGER if eager else _SAMPLE)(*args).view(lead), None
     errors.after_call(logits.device, sync)
     return ids, lp
 
