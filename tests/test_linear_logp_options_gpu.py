@@ -1,6 +1,6 @@
 """GPU tests of rlkernel.linear_logp's options (issue 31, items 2-5) on CUDA (skipped without it; a CUDA machine
 without the build fails): the fused option kernels (per-row temperature, softcap, logit_scale, entropy without ids)
-against float64 and the native path, the extra outputs' recorded fallback, CUDA graphs, and the device error record
+against float64 and the native path, the extra outputs' fused dispatch, CUDA graphs, and the device error record
 for bad per-row temperatures (no host sync).
 
 Tolerances (vs float64 of the exact product of the same inputs): each logit carries at most one unit roundoff u |x|
@@ -160,17 +160,21 @@ def test_outputs_entropy_alone_runs_fused_bitwise_as_return_entropy(fused):
     assert torch.equal(out.logp, lp) and torch.equal(out.entropy, ent) and out.is_top1 is None
 
 
-def test_extra_statistics_fall_back_to_native_recorded_and_refused_when_fused_is_demanded(fused):
+def test_extra_statistics_run_fused_by_default(fused):
+    """The three statistics have a fused kernel now (fold_extras; tests/test_linear_logp_extras_gpu.py checks its
+    values): backend "auto" and a demanded fused path both run it, recorded fused."""
     hidden, weight, b, ids, t = make(40, 64, 2049, torch.bfloat16, seed=7)
     with dispatch.recording() as rec:
         out = rlkernel.linear_logp(hidden, weight, ids, bias=b, temperature=t, outputs=OUTPUT_NAMES)
     (r, _), = [x for x in rec.records if x[0].op == "linear_logp.forward"]
-    assert (r.backend, r.status) == ("native", "fallback") and "no fused kernel yet" in r.reason
+    assert (r.backend, r.status) == ("fused", "fused")
     want_lp, want_ent, size = reference(hidden, weight, b, ids, t)
     assert bool(((out.logp.double() - want_lp).abs() <= tolerance(torch.bfloat16, size, None)).all())
     assert out.is_top1.dtype == torch.bool and out.mean_logit.dtype == torch.float32
-    with pytest.raises(dispatch.FusedKernelUnavailable, match="outputs mean_logit have no fused kernel yet"):
-        rlkernel.linear_logp(hidden, weight, ids, outputs=("mean_logit",), backend="fused")
+    with dispatch.recording() as rec:
+        only = rlkernel.linear_logp(hidden, weight, ids, outputs=("mean_logit",), backend="fused")
+    assert rec.statuses("linear_logp.forward") == {"fused"}
+    assert only.logp is not None and only.entropy is None and only.log_sum_sq_probs is None and only.is_top1 is None
 
 
 @pytest.mark.parametrize("backend", ["fused", "native"])

@@ -1,6 +1,7 @@
-"""The fused path of rlkernel.linear_logp's options (issue 31): a per-row temperature and the softcap, through the
-option kernels (csrc/linear_logp_options.cu), called by rlkernel/ops/fused/linear_logp.py's loops in place of the
-plain fold / grad when a call has them (a call without them runs none of this).
+"""The fused path of rlkernel.linear_logp's options (issue 31): a per-row temperature, the softcap and the extra
+statistics of ``outputs``, through the option kernels (csrc/linear_logp_options.cu), called by
+rlkernel/ops/fused/linear_logp.py's loops in place of the plain fold / grad when a call has them (a call without them
+runs none of this).
 
 - ``logit_scale`` without a softcap is folded into the temperature (z * scale / T = z / (T / scale)): the plain
   kernels for a number, the row kernels for a per-row T.
@@ -9,6 +10,9 @@ plain fold / grad when a call has them (a call without them runs none of this).
   and the backward's recompute); the row kernels divide by T and the backward multiplies the gradient by
   scale (1 - (x / cap)^2).
 - entropy without ids: the fold runs with id 0 on every row (no row ignored) and the log-prob is dropped.
+- ``outputs`` (log_sum_sq_probs, mean_logit, is_top1): ``rlkernel_linear_logp_fold_extras_kernel``, the row fold
+  with those three statistics in the same launch over the same tile (a number T too runs the row kernels then,
+  through a [N] vector of it); all three are computed when any is asked (the caller keeps those asked). No gradient.
 Everything built here (the [N] float32 temperatures, NaN on rows out of range, and the ids) is made before the op's
 range opens, so the range holds GEMMs and rlkernel kernels only; bad rows go to the device error record there too.
 """
@@ -26,6 +30,21 @@ class RowsOptions(NamedTuple):
     row_t: torch.Tensor  # float32 [N]: each row's divisor (T, or T / logit_scale without a softcap); NaN: a bad row
     softcap: float  # 0: none
     scale: float  # logit_scale, applied by the softcap kernel (1 without a softcap: folded into row_t)
+    extras: bool = False  # the statistics of ``outputs`` too (fold_extras)
+
+
+class Extras(NamedTuple):
+    """fold_extras' outputs ([N]) and its running state between vocabulary chunks (4 floats per row of a block)."""
+    xstate: torch.Tensor
+    log_sum_sq: torch.Tensor
+    mean_logit: torch.Tensor
+    is_top1: torch.Tensor
+
+
+def extras_buffers(n: int, block: int, device) -> Extras:
+    f32 = dict(dtype=torch.float32, device=device)
+    return Extras(torch.empty(4 * min(block, n), **f32), torch.empty(n, **f32), torch.empty(n, **f32),
+                  torch.empty(n, dtype=torch.bool, device=device))
 
 
 def prepare(opts: Options, hidden: torch.Tensor, token_ids, shape, vocab: int):
@@ -34,7 +53,7 @@ def prepare(opts: Options, hidden: torch.Tensor, token_ids, shape, vocab: int):
     n = shape.numel()
     ids = token_ids if token_ids is not None else torch.zeros(shape, dtype=torch.int64, device=hidden.device)
     capped = opts.softcap is not None
-    if not opts.per_row and not capped:
+    if not opts.per_row and not capped and not opts.extras:  # the plain kernels, T / logit_scale folded
         return ids, opts.temperature / opts.scale, None, False
     t = opts.temperature if opts.per_row else torch.full((n,), opts.temperature, device=hidden.device)
     t = t.float() if capped else (t / opts.scale).float()
@@ -44,17 +63,25 @@ def prepare(opts: Options, hidden: torch.Tensor, token_ids, shape, vocab: int):
         errors.note_native(errors.ERR_BAD_ARG, seq, address, hidden.device, opts.faults,
                            torch.full((n,), TEMPERATURE_CODE, dtype=torch.int64, device=hidden.device))
         errors.after_call(hidden.device, sync)
-    rows = RowsOptions(t.contiguous(), float(opts.softcap) if capped else 0.0, opts.scale if capped else 1.0)
+    rows = RowsOptions(t.contiguous(), float(opts.softcap) if capped else 0.0, opts.scale if capped else 1.0,
+                       bool(opts.extras))
     return ids, 1.0, rows, capped
 
 
 def fold(opt: RowsOptions, tile, ids, r0, r1, state, logp, entropy, stats, c0, vocab, ignore_index, first, last,
-         address, seq):
-    """The forward's fold of one tile (its first r1 - r0 rows) with the options."""
+         address, seq, extras: Extras | None = None):
+    """The forward's fold of one tile (its first r1 - r0 rows) with the options; ``extras`` (``opt.extras``): the
+    statistics' buffers, whose rows r0..r1 this tile's fold writes."""
     if opt.softcap:
         torch.ops.rlkernel.linear_logp_softcap(tile, opt.softcap, opt.scale)
-    torch.ops.rlkernel.linear_logp_fold_rows(tile, ids, opt.row_t[r0:r1], state, logp, entropy, stats, c0, vocab,
-                                             ignore_index, first, last, r0, address, seq)
+    if extras is None:
+        torch.ops.rlkernel.linear_logp_fold_rows(tile, ids, opt.row_t[r0:r1], state, logp, entropy, stats, c0, vocab,
+                                                 ignore_index, first, last, r0, address, seq)
+        return
+    x = extras
+    torch.ops.rlkernel.linear_logp_fold_extras(
+        tile, ids, opt.row_t[r0:r1], state, x.xstate[: state.numel()], logp, entropy, stats, x.log_sum_sq[r0:r1],
+        x.mean_logit[r0:r1], x.is_top1[r0:r1], c0, vocab, ignore_index, first, last, r0, address, seq)
 
 
 def grad(opt: RowsOptions, tile, rows, ids, r0, r1, stats, grad_logp, grad_entropy, entropy, c0, vocab,
