@@ -113,7 +113,11 @@ lib.define("linear_logp_grad_rows(Tensor(a!) tile, Tensor token_ids, Tensor row_
 lib.define("linear_logp_softcap(Tensor(a!) tile, float softcap, float logit_scale) -> ()")
 
 
+rows_folds = []  # the tiles fold_rows folded (its calls: the option kernels ran)
+
+
 def fold_rows(tile, ids, row_t, state, logp, entropy, stats, col0, vocab, ign, first, last, row0=0, rec=0, seq=0):
+    rows_folds.append(tile.shape)
     fold(tile, ids, state, logp, entropy, stats, col0, vocab, row_t.double()[:, None], ign, first, last)
 
 
@@ -291,6 +295,32 @@ for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)
         compare(f"public linear_logp {hd} {wd} mask={m is not None}", res["fused"], res["native"],
                 3e-2 if cd == torch.bfloat16 else 1e-4)
 
+# linear_logp_loss's fused pass with a per-row temperature and the softcap (the option kernels' stand-ins on its
+# [chunk, V] logits), against the native pass
+t_loss = torch.rand(n) + 0.5
+for hd, wd in [(torch.bfloat16, torch.float32), (torch.float32, torch.float32)]:
+    h = torch.randn(n, H).to(hd)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(wd)
+    b = (torch.randn(V) * 0.3).to(wd)
+    cd = rlkernel.ops.precision.compute_dtype(h, w, b)
+    F._dh_modes.clear()
+    F._dh_modes[(None, cd, False)] = "addmm"
+    for kw in (dict(temperature=t_loss), dict(temperature=0.8, softcap=4.0, logit_scale=0.5),
+               dict(temperature=t_loss, softcap=10.0)):
+        for m in (None, mask):
+            res = {}
+            for backend in ("fused", "native"):
+                hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+                rows_folds.clear()
+                loss = rlkernel.linear_logp_loss(hh, ww, ids, lambda lp, en, sl: -lp * adv[sl] - 0.1 * en, bias=bb,
+                                                 chunk_size=48, backend=backend, mask=m, reduction="mean", **kw)
+                kept = n if m is None else int(mask.sum())
+                assert len(rows_folds) == (-(-kept // 48) if backend == "fused" else 0), (backend, rows_folds)
+                loss.backward()
+                res[backend] = (loss, loss, hh.grad, ww.grad, bb.grad)
+            tol = 3e-2 if cd == torch.bfloat16 else 1e-4  # bf16 softcap: fused float32 logits, native bf16 ones
+            compare(f"loss options {sorted(kw)} {hd} mask={m is not None}", res["fused"], res["native"], tol)
+
 # linear_logp's options through the public entry, fused (the stand-ins above) vs native: a per-row temperature, the
 # softcap and logit_scale, and the extra statistics of outputs (fold_extras), over several row blocks and vocabulary
 # chunks, with a mask, ignored rows, ids-less calls and argmax ties (duplicated weight rows, one in each chunk)
@@ -298,10 +328,11 @@ h32 = torch.randn(n, H)
 w32 = torch.randn(V, H) / math.sqrt(H) * 3
 w32[400] = w32[100]  # a tie across chunks: column 100 is the first argmax, 400 never
 w32[101] = w32[100]  # and within a chunk: 100 before 101
-h32[:8] = w32[100] * 4  # rows whose argmax is the tie
+h32[:8] = w32[100] * 8  # rows whose argmax is the tie (|w|^2 ~ 9: logits ~ 72, the others' std ~ 15)
 ids_t = ids.clone()
 ids_t[:8] = torch.tensor([100, 101, 400, 100, 101, 400, 100, -100])
 b32 = torch.randn(V) * 0.3
+b32[[101, 400]] = b32[100].item()
 t_rows = torch.rand(n) + 0.5
 stats_names = ("log_sum_sq_probs", "mean_logit", "is_top1")
 cases = [dict(temperature=t_rows), dict(temperature=0.8, softcap=5.0, logit_scale=0.5), dict(temperature=1.3),
