@@ -160,7 +160,7 @@ __device__ __forceinline__ void fold_rows_body(const LinearFoldRowsParams& q, co
   const bool has_target = active && local >= 0 && local < p.cols;
   const float x_t = (has_target && leader) ? ElemTraits<T>::to_float(row_ptr[local]) : 0.0f;
   const RowState chunk = team_row_state<T, TEAM, ENTROPY>(row_ptr, p.cols, c, active, smem);
-  [[maybe_unused]] RowExtras xc;
+  [[maybe_unused]] RowExtras xc = empty_extras();
   if constexpr (EXTRAS) {
     __shared__ ExtrasSmem xsmem;
     xc = team_row_extras<T, TEAM>(row_ptr, p.cols, c, state_ref(chunk.m), active, xsmem);
