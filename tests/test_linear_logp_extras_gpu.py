@@ -35,21 +35,6 @@ def tie_columns(v):
     return [100, 101, v - 500]
 
 
-@pytest.fixture(scope="module")
-def fused():
-    from rlkernel import _ext
-
-    reason = _ext.unavailable_reason()
-    if reason:
-        pytest.fail(f"CUDA is available but rlkernel._C is not: {reason} (python setup.py build_ext --inplace)")
-    from rlkernel.ops.fused import linear_logp as linear_logp_fused
-
-    rlkernel.check_errors()
-    yield linear_logp_fused
-    with contextlib.suppress(IndexError, ValueError):
-        rlkernel.check_errors()
-
-
 def make(n, h, v, dtype, *, seed, scale=6.0):
     """Fresh inputs (never zeros) with logits of std ~scale; rows 0..5 tied at tie_columns: small-integer hidden and
     weight rows there (exact products in any GEMM), larger than every other logit; rows 10..29 have their argmax as
@@ -119,12 +104,13 @@ OPTIONS = [  # (per-row temperature, softcap, logit_scale)
 @pytest.mark.parametrize("per_row,softcap,scale", OPTIONS)
 @pytest.mark.parametrize("chunk,batch_invariant,masked", [
     ((48, 512), False, False), ((48, 512), False, True), (None, False, False), ((4096, 1024), True, False)])
-def test_fused_statistics_match_float64(fused, dtype, per_row, softcap, scale, chunk, batch_invariant, masked):
+def test_fused_statistics_match_float64(fused_linear, dtype, per_row, softcap, scale, chunk, batch_invariant,
+                                        masked):
     n, v = 150, 4001  # (48, 512): 4 row blocks x 8 vocabulary chunks, the tie across chunks (100 / 2500)
     hidden, weight, b, ids, t_rows = make(n, 64, v, dtype, seed=11 + int(per_row) + 3 * int(masked))
     t = t_rows if per_row else 0.7
     mask = (torch.arange(n) % 5 != 3) if masked else None  # a CPU mask: no host sync
-    ctx = fused.chunking(*chunk) if chunk else contextlib.nullcontext()
+    ctx = fused_linear.chunking(*chunk) if chunk else contextlib.nullcontext()
     with ctx, dispatch.recording() as rec:
         out = rlkernel.linear_logp(hidden, weight, ids, bias=b, temperature=t, softcap=softcap, logit_scale=scale,
                                    outputs=("entropy",) + STATS, batch_invariant=batch_invariant, backend="fused",
@@ -136,9 +122,9 @@ def test_fused_statistics_match_float64(fused, dtype, per_row, softcap, scale, c
     check(out, reference(hidden, weight, b, ids, t, scale, softcap), ids, tile, keep, v)
 
 
-def test_fused_statistics_without_ids(fused):
+def test_fused_statistics_without_ids(fused_linear):
     hidden, weight, b, _, t = make(90, 64, 3001, torch.bfloat16, seed=21)
-    with dispatch.recording() as rec, fused.chunking(32, 768):
+    with dispatch.recording() as rec, fused_linear.chunking(32, 768):
         out = rlkernel.linear_logp(hidden, weight, None, bias=b, temperature=t, outputs=STATS[:2], backend="fused")
     assert rec.statuses("linear_logp.forward") == {"fused"}
     assert out.logp is None and out.entropy is None and out.is_top1 is None
@@ -146,7 +132,7 @@ def test_fused_statistics_without_ids(fused):
     check(out, reference(hidden, weight, b, None, t), None, torch.bfloat16, keep, 3001)
 
 
-def test_statistics_change_nothing_else_and_carry_no_gradient(fused):
+def test_statistics_change_nothing_else_and_carry_no_gradient(fused_linear):
     """A per-row T runs the row kernels with or without outputs: logp, entropy and the gradients are those of the
     call without them (the extras kernel's fold is fold_rows' source: equal up to the compiler's scheduling, in
     practice bitwise); the statistics are not differentiable."""
@@ -156,7 +142,7 @@ def test_statistics_change_nothing_else_and_carry_no_gradient(fused):
     results = []
     for outputs in ((), STATS):
         x, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-        with fused.chunking(40, 1024):
+        with fused_linear.chunking(40, 1024):
             res = rlkernel.linear_logp(x, w, ids, bias=b, temperature=t, return_entropy=True, outputs=outputs,
                                        backend="fused")
         lp, ent = res[0], res[1]
@@ -168,10 +154,10 @@ def test_statistics_change_nothing_else_and_carry_no_gradient(fused):
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-7)
 
 
-def test_fused_and_native_statistics_agree(fused):
+def test_fused_and_native_statistics_agree(fused_linear):
     hidden, weight, b, ids, t = make(64, 64, 4097, torch.bfloat16, seed=41)
     kw = dict(bias=b, temperature=t, softcap=20.0, logit_scale=0.5, outputs=STATS)
-    with fused.chunking(64, 1024):
+    with fused_linear.chunking(64, 1024):
         f = rlkernel.linear_logp(hidden, weight, ids, backend="fused", **kw)
     nat = rlkernel.linear_logp(hidden, weight, ids, backend="native", **kw)
     *_, gap, size = reference(hidden, weight, b, ids, t, 0.5, 20.0)
@@ -182,7 +168,7 @@ def test_fused_and_native_statistics_agree(fused):
     assert torch.equal(f.is_top1[clear], nat.is_top1[clear])
 
 
-def test_batch_invariant_statistics_do_not_depend_on_the_batch(fused):
+def test_batch_invariant_statistics_do_not_depend_on_the_batch(fused_linear):
     hidden, weight, b, ids, t = make(200, 64, 3001, torch.bfloat16, seed=51)
     kw = dict(bias=b, outputs=STATS, batch_invariant=True, backend="fused")
     full = rlkernel.linear_logp(hidden, weight, ids, temperature=t, **kw)
@@ -191,7 +177,7 @@ def test_batch_invariant_statistics_do_not_depend_on_the_batch(fused):
         assert torch.equal(getattr(full, name)[37:90], getattr(part, name)), name
 
 
-def test_statistics_without_a_host_sync_and_bad_rows(fused):
+def test_statistics_without_a_host_sync_and_bad_rows(fused_linear):
     """No host sync (sync debug mode "error"); a bad per-row temperature and a bad id: NaN statistics, is_top1 False,
     the device error record; ignored rows 0 / False."""
     hidden, weight, b, ids, t = make(64, 32, 1001, torch.bfloat16, seed=61)
@@ -201,7 +187,7 @@ def test_statistics_without_a_host_sync_and_bad_rows(fused):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with fused.chunking(64, 256):
+        with fused_linear.chunking(64, 256):
             out = rlkernel.linear_logp(hidden, weight, ids, bias=b, temperature=t, softcap=15.0, outputs=STATS,
                                        backend="fused")
     finally:
