@@ -1,7 +1,10 @@
 // Launchers of rlkernel.linear_logp's option kernels (csrc/include/rlkernel/linear_logp_options_kernels.cuh): the
-// per-row temperature's fold and grad, and the softcap. No torch include (the CI compile gate builds this with nvcc
-// alone); no NVTX range (the op's range is opened in Python around the GEMMs and these launches).
+// per-row temperature's fold and grad, the softcap, and the fold with the extra statistics of `outputs`. No torch
+// include (the CI compile gate builds this with nvcc alone); no NVTX range (the op's range is opened in Python
+// around the GEMMs and these launches).
 #include <cuda_runtime.h>
+
+#include <climits>
 
 #include "rlkernel/launch.cuh"
 #include "rlkernel/linear_logp_options_api.h"
@@ -15,10 +18,8 @@ using launch::launch_row_kernel;
 using launch::row_grad_inputs;
 using launch::with_type;
 
-}  // namespace
-
-const char* linear_logp_fold_rows(const LinearFoldArgs& a, const float* row_t) {
-  if (a.n_rows == 0) return nullptr;
+// The fold_rows kernel's params (fold_extras wraps them).
+LinearFoldRowsParams fold_rows_params(const LinearFoldArgs& a, const float* row_t) {
   LinearFoldRowsParams q;
   LinearFoldParams& p = q.base;
   p.tile = a.tile;
@@ -39,10 +40,33 @@ const char* linear_logp_fold_rows(const LinearFoldArgs& a, const float* row_t) {
   p.row0 = a.row0;
   p.errors = a.errors;
   q.row_t = row_t;
-  return launch_row_kernel(a.dtype, a.cols, a.n_rows, a.entropy != nullptr, a.stream, q,
+  return q;
+}
+
+}  // namespace
+
+const char* linear_logp_fold_rows(const LinearFoldArgs& a, const float* row_t) {
+  if (a.n_rows == 0) return nullptr;
+  return launch_row_kernel(a.dtype, a.cols, a.n_rows, a.entropy != nullptr, a.stream, fold_rows_params(a, row_t),
                            [](auto tag, auto team, auto entropy) {
                              return rlkernel_linear_logp_fold_rows_kernel<decltype(tag), decltype(team)::value,
                                                                           decltype(entropy)::value>;
+                           });
+}
+
+const char* linear_logp_fold_extras(const LinearFoldArgs& a, const float* row_t, const LinearExtrasArgs& x) {
+  if (a.n_rows == 0) return nullptr;
+  if (a.vocab >= INT_MAX) return "rlkernel linear_logp: outputs need a vocabulary below 2^31 - 1 columns";
+  LinearExtrasParams q;
+  q.rows = fold_rows_params(a, row_t);
+  q.xstate = reinterpret_cast<float4*>(x.xstate);
+  q.log_sum_sq = x.log_sum_sq;
+  q.mean_logit = x.mean_logit;
+  q.is_top1 = x.is_top1;
+  return launch_row_kernel(a.dtype, a.cols, a.n_rows, a.entropy != nullptr, a.stream, q,
+                           [](auto tag, auto team, auto entropy) {
+                             return rlkernel_linear_logp_fold_extras_kernel<decltype(tag), decltype(team)::value,
+                                                                            decltype(entropy)::value>;
                            });
 }
 

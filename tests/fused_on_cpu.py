@@ -107,8 +107,76 @@ def bias_rows(bias, tile):
     tile.copy_(bias.expand_as(tile))
 
 
+# the option kernels (csrc/linear_logp_options_op.cpp): a per-row temperature, the softcap, the extra statistics
+lib.define("linear_logp_fold_rows(Tensor tile, Tensor token_ids, Tensor row_t, Tensor(a!) state, Tensor(b!) logp, "
+           "Tensor(c!) entropy, Tensor(d!) stats, int col0, int vocab, int ignore_index, bool first, bool last, "
+           "int row0=0, int error_record=0, int error_seq=0) -> ()")
+lib.define("linear_logp_fold_extras(Tensor tile, Tensor token_ids, Tensor row_t, Tensor(a!) state, "
+           "Tensor(b!) xstate, Tensor(c!) logp, Tensor(d!) entropy, Tensor(e!) stats, Tensor(f!) log_sum_sq, "
+           "Tensor(g!) mean_logit, Tensor(h!) is_top1, int col0, int vocab, int ignore_index, bool first, bool last, "
+           "int row0=0, int error_record=0, int error_seq=0) -> ()")
+lib.define("linear_logp_grad_rows(Tensor(a!) tile, Tensor token_ids, Tensor row_t, Tensor stats, Tensor? grad_logp, "
+           "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, int ignore_index, float softcap, "
+           "float logit_scale) -> ()")
+lib.define("linear_logp_softcap(Tensor(a!) tile, float softcap, float logit_scale) -> ()")
+
+
+rows_folds = []  # the tiles fold_rows folded (its calls: the option kernels ran)
+
+
+def fold_rows(tile, ids, row_t, state, logp, entropy, stats, col0, vocab, ign, first, last, row0=0, rec=0, seq=0):
+    rows_folds.append(tile.shape)
+    fold(tile, ids, state, logp, entropy, stats, col0, vocab, row_t.double()[:, None], ign, first, last)
+
+
+extras_folds = []  # the tiles fold_extras folded (its calls: the fused statistics ran)
+
+
+def fold_extras(tile, ids, row_t, state, xstate, logp, entropy, stats, lss, mean, top1, col0, vocab, ign, first,
+                last, row0=0, rec=0, seq=0):
+    """fold_rows, then the statistics' running state (s2 relative to the running max, sum x, best x, its column;
+    ties to the earlier column: the earlier chunk's best wins a tie, torch.argmax's first within the chunk)."""
+    extras_folds.append(tile.shape)
+    rows = ids.shape[0]
+    t = row_t.double()[:, None]
+    m_old = state[: 4 * rows].view(rows, 4)[:, 0].double() if not first else torch.full((rows,), -math.inf)
+    fold_rows(tile, ids, row_t, state, logp, entropy, stats, col0, vocab, ign, first, last)
+    m_new = state[: 4 * rows].view(rows, 4)[:, 0].double()  # z units (fold's stand-in state)
+    x = tile[:rows].double()
+    xs = xstate[: 4 * rows].view(rows, 4).double()
+    if first:
+        xs[:, 0], xs[:, 1], xs[:, 2], xs[:, 3] = 0.0, 0.0, -math.inf, 0.0
+    s2 = xs[:, 0] * torch.exp(2 * (m_old - m_new)).nan_to_num(0.0) + torch.exp(2 * (x / t - m_new[:, None])).sum(1)
+    best, where = x.max(1)
+    later = best > xs[:, 2]
+    xs[:, 0], xs[:, 1] = s2, xs[:, 1] + x.sum(1)
+    xs[:, 3] = torch.where(later, (where + col0).double(), xs[:, 3])
+    xs[:, 2] = torch.where(later, best, xs[:, 2])
+    xstate[: 4 * rows].copy_(xs.reshape(-1).float())
+    if last:
+        valid = ids != ign
+        lse = m_new + torch.log(state[: 4 * rows].view(rows, 4)[:, 1].double())
+        lss.copy_(torch.where(valid, torch.log(s2) - 2 * (lse - m_new), 0.0).float())
+        mean.copy_(torch.where(valid, xs[:, 1] / t[:, 0] / vocab, 0.0).float())
+        top1.copy_(valid & (xs[:, 3].long() == ids))
+
+
+def grad_rows(tile, ids, row_t, stats, gl, ge, entropy, col0, vocab, ign, cap, scale):
+    rows = ids.shape[0]
+    x = tile[:rows].double().clone()
+    grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, row_t.double()[:, None], ign)
+    if cap > 0:  # through the softcap: d x / d z = scale (1 - (x / cap)^2)
+        tile[:rows].copy_((tile[:rows].double() * scale * (1 - (x / cap) ** 2)).to(tile.dtype))
+
+
+def softcap(tile, cap, scale):
+    tile.copy_((cap * torch.tanh(tile.double() * scale / cap)).to(tile.dtype))
+
+
 for name, fn in [("linear_logp_fold", fold), ("linear_logp_grad_tile", grad_tile), ("linear_logp_colsum", colsum),
-                 ("linear_logp_cast", cast), ("linear_logp_pack", pack), ("linear_logp_bias_rows", bias_rows)]:
+                 ("linear_logp_cast", cast), ("linear_logp_pack", pack), ("linear_logp_bias_rows", bias_rows),
+                 ("linear_logp_fold_rows", fold_rows), ("linear_logp_fold_extras", fold_extras),
+                 ("linear_logp_grad_rows", grad_rows), ("linear_logp_softcap", softcap)]:
     lib.impl(name, fn, "CPU")
 
 aten = torch.library.Library("aten", "IMPL")
@@ -237,5 +305,83 @@ for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)
             res[backend] = (lp, ent, hh.grad, ww.grad, bb.grad)
         compare(f"public linear_logp {hd} {wd} mask={m is not None}", res["fused"], res["native"],
                 3e-2 if cd == torch.bfloat16 else 1e-4)
+
+# linear_logp_loss's fused pass with a per-row temperature and the softcap (the option kernels' stand-ins on its
+# [chunk, V] logits), against the native pass
+t_loss = torch.rand(n) + 0.5
+for hd, wd in [(torch.bfloat16, torch.float32), (torch.float32, torch.float32)]:
+    h = torch.randn(n, H).to(hd)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(wd)
+    b = (torch.randn(V) * 0.3).to(wd)
+    cd = rlkernel.ops.precision.compute_dtype(h, w, b)
+    F._dh_modes.clear()
+    F._dh_modes[(None, cd, False)] = "addmm"
+    for kw in (dict(temperature=t_loss), dict(temperature=0.8, softcap=4.0, logit_scale=0.5),
+               dict(temperature=t_loss, softcap=10.0)):
+        for m in (None, mask):
+            res = {}
+            for backend in ("fused", "native"):
+                hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+                rows_folds.clear()
+                loss = rlkernel.linear_logp_loss(hh, ww, ids, lambda lp, en, sl: -lp * adv[sl] - 0.1 * en, bias=bb,
+                                                 chunk_size=48, backend=backend, mask=m, reduction="mean", **kw)
+                kept = n if m is None else int(mask.sum())
+                assert len(rows_folds) == (-(-kept // 48) if backend == "fused" else 0), (backend, rows_folds)
+                loss.backward()
+                res[backend] = (loss, loss, hh.grad, ww.grad, bb.grad)
+            tol = 3e-2 if cd == torch.bfloat16 else 1e-4  # bf16 softcap: fused float32 logits, native bf16 ones
+            compare(f"loss options {sorted(kw)} {hd} mask={m is not None}", res["fused"], res["native"], tol)
+
+# linear_logp's options through the public entry, fused (the stand-ins above) vs native: a per-row temperature, the
+# softcap and logit_scale, and the extra statistics of outputs (fold_extras), over several row blocks and vocabulary
+# chunks, with a mask, ignored rows, ids-less calls and argmax ties (duplicated weight rows, one in each chunk)
+h32 = torch.randn(n, H)
+w32 = torch.randn(V, H) / math.sqrt(H) * 3
+w32[400] = w32[100]  # a tie across chunks: column 100 is the first argmax, 400 never
+w32[101] = w32[100]  # and within a chunk: 100 before 101
+h32[:8] = w32[100] * 8  # rows whose argmax is the tie (|w|^2 ~ 9: logits ~ 72, the others' std ~ 15)
+ids_t = ids.clone()
+ids_t[:8] = torch.tensor([100, 101, 400, 100, 101, 400, 100, -100])
+b32 = torch.randn(V) * 0.3
+b32[[101, 400]] = b32[100].item()
+t_rows = torch.rand(n) + 0.5
+stats_names = ("log_sum_sq_probs", "mean_logit", "is_top1")
+cases = [dict(temperature=t_rows), dict(temperature=0.8, softcap=5.0, logit_scale=0.5), dict(temperature=1.3),
+         dict(temperature=t_rows, softcap=20.0)]
+for kw in cases:
+    for m in (None, mask):
+        for ids_case in (ids_t, None):
+            outputs = ("entropy",) + (stats_names if ids_case is not None else stats_names[:2])
+            res = {}
+            for backend in ("fused", "native"):
+                hh, ww, bb = (t.clone().requires_grad_() for t in (h32, w32, b32))
+                extras_folds.clear()
+                with F.chunking(48, 256):
+                    out = rlkernel.linear_logp(hh, ww, ids_case, bias=bb, outputs=outputs, backend=backend, mask=m,
+                                               **kw)
+                rows_kept = n if m is None else int(mask.sum())
+                want_folds = -(-rows_kept // 48) * -(-V // 256) if backend == "fused" else 0  # blocks x chunks
+                assert len(extras_folds) == want_folds, (backend, len(extras_folds), want_folds)
+                assert all(not getattr(out, f).requires_grad for f in stats_names if getattr(out, f) is not None)
+                lp_term = (adv * out.logp).sum() if ids_case is not None else 0.0
+                (lp_term + 0.1 * out.entropy.sum()).backward()
+                res[backend] = (out, hh.grad, ww.grad, bb.grad)
+            tag = f"options {sorted(kw)} mask={m is not None} ids={ids_case is not None}"
+            (fo, *fg), (no, *ng) = res["fused"], res["native"]
+            for name in ("logp", "entropy", "log_sum_sq_probs", "mean_logit", "is_top1"):
+                a, b_ = getattr(fo, name), getattr(no, name)
+                assert (a is None) == (b_ is None), (tag, name)
+                if a is None:
+                    continue
+                assert a.dtype == b_.dtype and a.shape == b_.shape, (tag, name, a.dtype, b_.dtype)
+                if name == "is_top1":
+                    assert torch.equal(a, b_), (tag, a.nonzero(), b_.nonzero())
+                    continue
+                err = (a.double() - b_.double()).abs().max().item()
+                assert err <= 1e-4 * (b_.double().abs().max().item() + 1), (tag, name, err)
+            if ids_case is not None:
+                top = fo.is_top1 if m is None else fo.is_top1 & mask
+                assert bool(top[[0, 3, 6]].all() if m is None else True) and not bool(top[[1, 2, 4, 5, 7]].any()), tag
+            compare(tag, (None, None, *fg), (None, None, *ng), 1e-4)
 print("ALL OK")
 sys.exit(0)

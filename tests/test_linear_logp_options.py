@@ -334,8 +334,9 @@ def test_matches_trl_chunked_logprob(softcap, scale, temperature):
 
 
 def test_which_options_the_fused_kernels_have():
-    """Options.fused_gap: linear_logp's fused kernels have all but the three statistics; the loss's only a logit_scale
-    with a number T (float32 inputs here: no float32-output GEMM question, so no CUDA is needed)."""
+    """Options.fused_gap: linear_logp's and linear_logp_loss's fused kernels have every option, the three statistics
+    included (float32 inputs here: no float32-output GEMM question, so no CUDA is needed); a temperature whose scale
+    overflows float32 is what is left."""
     from rlkernel.ops.linear_options import Options
 
     cuda, f32 = torch.device("cuda"), torch.float32
@@ -343,10 +344,13 @@ def test_which_options_the_fused_kernels_have():
     assert Options(0.7, 0.5).fused_gap(cuda, f32) is None
     assert Options(rows, 1.0, 30.0).fused_gap(cuda, f32) is None
     assert Options(1.0, has_ids=False).fused_gap(cuda, f32) is None
-    assert "outputs mean_logit, is_top1" in Options(extras=("mean_logit", "is_top1")).fused_gap(cuda, f32)
+    assert Options(extras=("mean_logit", "is_top1")).fused_gap(cuda, f32) is None
+    assert Options(rows, 0.5, 30.0, ("log_sum_sq_probs", "mean_logit", "is_top1")).fused_gap(cuda, f32) is None
     assert Options(0.7, 0.5).fused_gap(cuda, f32, loss=True) is None
-    assert "per-row" in Options(rows).fused_gap(cuda, f32, loss=True)
-    assert "softcap" in Options(1.0, 1.0, 30.0).fused_gap(cuda, f32, loss=True)
+    assert Options(rows).fused_gap(cuda, f32, loss=True) is None
+    assert Options(1.0, 1.0, 30.0).fused_gap(cuda, f32, loss=True) is None
+    assert Options(rows, 0.5, 30.0).fused_gap(cuda, f32, loss=True) is None
+    assert "overflows" in Options(1e-30, 1e10).fused_gap(cuda, f32, loss=True)
     assert "overflows" in Options(1e-30, 1e10).fused_gap(cuda, f32)  # log2(e) * scale / T = 1.4e40 > float32 max
 
 
@@ -357,15 +361,19 @@ def test_fallback_for_records_the_missing_option_and_blocks_a_demanded_fused_pat
 
     monkeypatch.setattr(dispatch, "fused_unavailable_reason", lambda op, device, dtype: None)
     cuda, f32 = torch.device("cuda"), torch.float32
-    opts = Options(extras=("is_top1",))
+    opts, op = Options(1e-30, 1e10), "linear_logp_loss"  # log2(e) * scale / T overflows the kernels' float32
+    reason = "temperature / logit_scale overflows float32 in the fused kernels"
     with dispatch.recording() as rec:
-        r = fallback_for("linear_logp.forward", opts, "auto", False, cuda, f32)
-        assert (r.backend, r.status, r.reason) == ("native", "fallback", "outputs is_top1 have no fused kernel yet")
-        with pytest.raises(dispatch.FusedKernelUnavailable, match="outputs is_top1 have no fused kernel yet"):
-            fallback_for("linear_logp.forward", opts, "fused", False, cuda, f32)
+        r = fallback_for(op, opts, "auto", False, cuda, f32, loss=True)
+        assert (r.backend, r.status, r.reason) == ("native", "fallback", reason)
+        with pytest.raises(dispatch.FusedKernelUnavailable, match=reason):
+            fallback_for(op, opts, "fused", False, cuda, f32, loss=True)
         with pytest.raises(dispatch.FusedKernelUnavailable):
-            fallback_for("linear_logp.forward", opts, "auto", True, cuda, f32)
-        assert fallback_for("linear_logp.forward", opts, "native", False, cuda, f32) is None
-        assert fallback_for("linear_logp.forward", Options(0.5, 2.0), "fused", False, cuda, f32) is None
-        assert fallback_for("linear_logp.forward", opts, "auto", False, torch.device("cpu"), f32) is None
+            fallback_for(op, opts, "auto", True, cuda, f32, loss=True)
+        assert fallback_for(op, opts, "native", False, cuda, f32, loss=True) is None
+        assert fallback_for(op, Options(0.5, 2.0), "fused", False, cuda, f32, loss=True) is None
+        assert fallback_for(op, Options(torch.ones(4), 1.0, 30.0), "fused", False, cuda, f32, loss=True) is None
+        assert fallback_for(op, opts, "auto", False, torch.device("cpu"), f32, loss=True) is None
+        # linear_logp's fused kernels have the statistics now: nothing to record
+        assert fallback_for("linear_logp.forward", Options(extras=("is_top1",)), "fused", False, cuda, f32) is None
     assert sorted(d.status for d, _ in rec.records) == ["blocked", "blocked", "fallback"]

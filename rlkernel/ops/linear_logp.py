@@ -10,7 +10,7 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import blas, precision, row_mask, sharded
-from rlkernel.ops.linear_options import LinearLogpOutput, check_options, fallback_for
+from rlkernel.ops.linear_options import OUTPUT_NAMES, LinearLogpOutput, check_options, fallback_for
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
 OP = "linear_logp.forward"
@@ -51,8 +51,8 @@ def linear_logp(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Ten
     ``token_ids=None`` with ``return_entropy=True``: the entropy alone; ``outputs``, names among "entropy",
     "log_sum_sq_probs" (log sum softmax(z')^2), "mean_logit" (mean of z') and "is_top1" (argmax z' == id):
     a ``LinearLogpOutput(logp, entropy, log_sum_sq_probs, mean_logit, is_top1)``, None for what is not asked, the
-    three statistics without gradient. Fused: all but those three statistics (they run natively, a recorded
-    fallback); a softcap keeps float32 logits there (as ``logits_dtype=torch.float32``).
+    three statistics without gradient. Fused: every option, the three statistics folded in the same pass as the
+    softmax; a softcap keeps float32 logits there (as ``logits_dtype=torch.float32``).
 
     **Processed mode** (``top_k`` / ``top_p`` / ``min_p`` other than their defaults (numbers or per-row tensors),
     a temperature of 0, or a kept set; a per-row temperature alone is the plain mode above, T > 0): the log-prob
@@ -133,8 +133,8 @@ def _linear_logp(hidden, weight, token_ids, bias, temperature, ignore_index, ret
             kwargs["logits32"] = logits32 or (capped and cd in blas.SIXTEEN_BIT)
             if token_ids is None:  # prepare's ids are 0: no ignore_index may match them
                 kwargs["ignore_index"] = -1
-        lp, ent = linear_logp_fused(hidden, weight, ids, rows_opt=rows_opt, **kwargs)
-        res = (lp if token_ids is not None else None, ent, None, None, None)
+        lp, ent, *stats = linear_logp_fused(hidden, weight, ids, rows_opt=rows_opt, **kwargs)
+        res = (lp if token_ids is not None else None, ent) + _asked(stats, names)
     else:
         from rlkernel.ops.native.linear_logp import linear_logp_native
 
@@ -147,6 +147,13 @@ def _linear_logp(hidden, weight, token_ids, bias, temperature, ignore_index, ret
     if token_ids is None:
         return res[1]
     return (res[0], res[1]) if return_entropy else res[0]
+
+
+def _asked(stats, names) -> tuple:
+    """(log_sum_sq_probs, mean_logit, is_top1) of the fused fold (all three, or none), None for those not asked."""
+    if not stats:
+        return (None, None, None)
+    return tuple(v if name in names else None for v, name in zip(stats, OUTPUT_NAMES[1:], strict=True))
 
 
 def _wants_options(temperature, softcap, logit_scale, outputs, token_ids) -> bool:

@@ -126,7 +126,7 @@ def linear_logp_loss(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torc
 
     ``temperature`` a number or a per-row tensor of shape ``hidden.shape[:-1]`` (or 0-dim), ``logit_scale`` and
     ``softcap``: as for ``rlkernel.linear_logp`` (``z' = softcap * tanh(z * logit_scale / softcap) / T``, with
-    their gradients); these run natively for now (a recorded fallback from the fused path).
+    their gradients); fused by linear_logp's option kernels (a softcap keeps float32 logits there).
 
     With ``top_k`` / ``top_p`` / ``min_p`` (numbers or per-row tensors) or a zero temperature: ``logp``
     and ``entropy`` are the processed ones of ``rlkernel.linear_logp`` with the same filters (the sampler's kept
@@ -183,7 +183,13 @@ def _linear_logp_loss(hidden, weight, token_ids, loss_fn, bias, temperature, ign
     n, vocab = math.prod(hidden.shape[:-1]), weight.shape[0]
     # the fused pass's number (a logit_scale folded in: z * scale / T = z / (T / scale)); the native one takes opts
     fused_t = temperature if opts is None else 1.0 if opts.per_row else opts.temperature / opts.scale
-    spec = chunks.Spec(loss_fn=loss_fn, opts=opts, temperature=float(fused_t),
+    rows_opt = None
+    if rec.status == "fused" and opts is not None and (opts.per_row or opts.softcap is not None):
+        from rlkernel.ops.fused.linear_logp_options import prepare  # the option kernels' inputs, bad rows reported
+
+        _, _, rows_opt, capped = prepare(opts, hidden, token_ids, hidden.shape[:-1], vocab, op=OP)
+        logits32 = logits32 or (capped and cd in blas.SIXTEEN_BIT)  # softcapped logits: float32, as linear_logp's
+    spec = chunks.Spec(loss_fn=loss_fn, opts=opts, rows=rows_opt, temperature=float(fused_t),
                        ignore_index=int(ignore_index),
                        mean=reduction == "mean", ids_shape=token_ids.shape,
                        chunk=int(chunk_size) if chunk_size is not None else

@@ -26,6 +26,7 @@ from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import precision
 from rlkernel.ops.blas import float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
+from rlkernel.ops.fused import linear_logp_options as fused_options
 from rlkernel.ops.linear_options import TEMPERATURE_CODE, Options
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.ops.rows import flat_ids
@@ -43,7 +44,8 @@ class Spec:
     ids_shape: torch.Size
     chunk: int
     logits32: bool = False
-    opts: Options | None = None  # per-row temperature, softcap, logit_scale (rlkernel.ops.linear_options): native only
+    opts: Options | None = None  # per-row temperature, softcap, logit_scale (rlkernel.ops.linear_options): native
+    rows: fused_options.RowsOptions | None = None  # the fused pass's per-row temperature / softcap (option kernels)
     compute: torch.dtype | None = None  # the GEMMs' dtype (rlkernel.ops.precision); None: hidden's
     accumulation: str = "float32"  # grad_accumulation of dW / db
     autocast: tuple | None = None  # the caller's autocast, re-entered for loss_fn
@@ -135,7 +137,9 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     c = max(1, min(spec.chunk, n))
     # the epilogue GEMM's forward (float32 logits, no logits buffer); with a gradient the backward range recomputes
     # the chunk's float32 logits (the float32-logits backward: its softmax is the forward's)
-    why = epilogue_gemm.reason(h, weight, bias, False, need_grad) if n else "n = 0"
+    rows_opt = spec.rows
+    why = ("n = 0" if not n else "per-row temperature / softcap (the option kernels)" if rows_opt is not None
+           else epilogue_gemm.reason(h, weight, bias, False, need_grad))
     epilogue_gemm.record("cublas" if why else "epilogue", why or "")
     epilogue = why is None
     logits32 = spec.logits32 or epilogue
@@ -150,6 +154,7 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     # float32 logits: their gradient rounded once to the inputs' dtype, the operand of the dH / dW / db GEMMs
     gbuf = torch.empty((c, vocab), dtype=h.dtype, device=h.device) if logits32 and need_grad else None
     ones = torch.ones((c,), dtype=h.dtype, device=h.device) if need_b else None
+    state = torch.empty(4 * c, dtype=torch.float32, device=h.device) if rows_opt is not None else None
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     wt = weight.t()
     for s in range(0, n, c):
@@ -162,16 +167,23 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                                                          True, address, seq)
             else:
                 _chunk_logits(hc, wt, bias, logits, bias_mode)
-                with torch._C._AutoDispatchBelowAutograd():
-                    logp, ent, stats = forward(logits, idc, spec.temperature, spec.ignore_index, True, address, seq,
-                                               errors.ERR_LOGP_BAD_ID, False, "fused")
+                if rows_opt is not None:
+                    logp, ent, stats = _fold_rows(rows_opt, logits, idc, s, state, spec.ignore_index, address, seq)
+                else:
+                    with torch._C._AutoDispatchBelowAutograd():
+                        logp, ent, stats = forward(logits, idc, spec.temperature, spec.ignore_index, True, address,
+                                                   seq, errors.ERR_LOGP_BAD_ID, False, "fused")
         loss, g_lp, g_en = _apply_loss(spec, logp, ent, slice(s, e), keep[s:e], denom, need_grad)
         total.add_(loss)
         if need_grad:
             with op_range(RANGE):
                 if epilogue:  # the recompute: the float32 logits whose softmax the forward folded
                     _chunk_logits(hc, wt, bias, logits, bias_mode)
-                backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
+                if rows_opt is not None:  # logits := G, through the softcap the forward applied to them
+                    fused_options.grad(rows_opt, logits, e - s, idc, s, e, stats, g_lp, g_en, ent, 0, vocab,
+                                       spec.ignore_index, capped=True)
+                else:
+                    backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
                 if gbuf is not None:
                     torch.ops.rlkernel.linear_logp_cast(logits, gbuf[:e - s])
                     logits = gbuf[:e - s]
@@ -193,6 +205,18 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
                         db.addmv_(logits.t(), ones[:e - s])
         errors.after_call(h.device, sync)
     return _result(total, hidden, stored_w, stored_b, dh, dw, db)
+
+
+def _fold_rows(opt, logits, ids, s: int, state, ignore_index: int, address: int, seq: int):
+    """(logp, entropy, stats) of one chunk's [c, V] logits by the option kernels (a per-row temperature from
+    ``opt.row_t[s:]``, the softcap applied in place first): the whole vocabulary as the fold's one chunk; error
+    positions from 0 (the chunk's ``errors.begin`` has its offset)."""
+    k, vocab = logits.shape
+    f32 = dict(dtype=torch.float32, device=logits.device)
+    logp, ent, stats = torch.empty(k, **f32), torch.empty(k, **f32), torch.empty(k, 2, **f32)
+    fused_options.fold(opt, logits, ids, s, s + k, state[: 4 * k], logp, ent, stats, 0, vocab, ignore_index, True,
+                       True, address, seq, row0=0)
+    return logp, ent, stats
 
 
 def _chunk_logits(hc, wt, bias, logits, bias_mode):

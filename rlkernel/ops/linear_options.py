@@ -5,10 +5,10 @@ the error record: no host sync) and applied to one chunk of logits by ``Options.
 
 The order is TRL's (``trl.kernels.chunked_logprob._transform``, TRL 1.16): ``z' = softcap * tanh(z * logit_scale /
 softcap) / T``, every statistic on z'. With the defaults ``apply`` is ``z / T``, today's arithmetic bit for bit.
-The fused linear_logp kernels have all but the extra statistics (rlkernel.ops.fused.linear_logp_options); the fused
-linear_logp_loss only a logit_scale with a number temperature. ``fused_gap`` names the first option missing, and
-such a call is a recorded fallback to the native path (``fallback``), or ``blocked`` where the fused path is
-demanded.
+The fused linear_logp and linear_logp_loss kernels have every option, the extra statistics included
+(rlkernel.ops.fused.linear_logp_options). ``fused_gap`` names what is missing (a float32-output GEMM for a softcap, a
+temperature whose scale overflows float32), and such a call is a recorded fallback to the native path
+(``fallback``), or ``blocked`` where the fused path is demanded.
 """
 from __future__ import annotations
 
@@ -62,16 +62,11 @@ class Options:
     def fused_gap(self, device: torch.device, dtype: torch.dtype, loss: bool = False,
                   batch_invariant: bool = False) -> str | None:
         """Why the fused kernels cannot run this call (the first option they lack), None when they can. linear_logp's
-        have all but the extra statistics (rlkernel.ops.fused.linear_logp_options); linear_logp_loss's (the logp
-        kernels) only a logit_scale with a number temperature (folded into it)."""
+        have every option, the extra statistics included (rlkernel.ops.fused.linear_logp_options); linear_logp_loss's
+        too (a logit_scale with a number T folded into it for the logp kernels, a per-row T or a softcap by the same
+        option kernels); both need the float32-output GEMM for a softcap of 16-bit inputs."""
         if not self.per_row and not _valid_temperature(self.temperature / self.scale):
             return "temperature / logit_scale overflows float32 in the fused kernels"
-        if loss and self.per_row:
-            return "per-row temperature has no fused linear_logp_loss kernel yet"
-        if loss and self.softcap is not None:
-            return "softcap has no fused linear_logp_loss kernel yet"
-        if self.extras:
-            return f"outputs {', '.join(self.extras)} have no fused kernel yet"
         if self.softcap is not None and dtype in blas.SIXTEEN_BIT:
             reason, _ = blas.float32_output_gemm(device, dtype, batch_invariant)  # softcapped tiles are float32
             if reason is not None:

@@ -194,8 +194,9 @@ def _tile_setup(rows2d, batch_invariant, logits32):
 
 def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, batch_invariant, shape,
              logits32=False, epilogue=False, rows_opt=None):
-    """(logp, entropy, stats); ``epilogue``: by the epilogue GEMM (``epilogue_gemm.reason`` said yes), else by cuBLAS
-    tiles and the fold kernel (``rows_opt``: the option kernels' fold, rlkernel.ops.fused.linear_logp_options)."""
+    """(logp, entropy, stats, extras); ``epilogue``: by the epilogue GEMM (``epilogue_gemm.reason`` said yes), else by
+    cuBLAS tiles and the fold kernel (``rows_opt``: the option kernels' fold, rlkernel.ops.fused.linear_logp_options;
+    ``extras``: its statistics of ``outputs`` when ``rows_opt.extras``, else None)."""
     n, hsize = rows2d.shape
     vocab = weight.shape[0]
     dev = rows2d.device
@@ -203,15 +204,16 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
         address, seq, sync = errors.begin("linear_logp.forward", dev, shape, vocab)
         out = epilogue_gemm.forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy, address, seq)
         errors.after_call(dev, sync)
-        return out
+        return tuple(out) + (None,)
     tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
     block, cols = plan(n, vocab, tile_dtype, batch_invariant)
     f32 = dict(dtype=torch.float32, device=dev)
     logp = torch.empty(n, **f32)
     entropy = torch.empty(n if return_entropy else 0, **f32)
     stats = torch.empty(n, 2, **f32)
+    extras = fused_options.extras_buffers(n, block, dev) if rows_opt is not None and rows_opt.extras else None
     if n == 0:
-        return logp, entropy, stats
+        return logp, entropy, stats, extras
     m = block if batch_invariant else min(block, n)
     tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
     state = torch.empty(min(block, n) * 4, **f32)
@@ -232,9 +234,9 @@ def _forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entrop
                 else:
                     fused_options.fold(rows_opt, tile[:rows], ids[r0:r1], r0, r1, state[: 4 * rows], logp[r0:r1],
                                        entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], c0, vocab,
-                                       ignore_index, c0 == 0, c1 == vocab, address, seq)
+                                       ignore_index, c0 == 0, c1 == vocab, address, seq, extras)
     errors.after_call(dev, sync)
-    return logp, entropy, stats
+    return logp, entropy, stats, extras
 
 
 def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy, temperature, ignore_index,
@@ -325,19 +327,21 @@ class _FusedLinearLogp(torch.autograd.Function):
                 logits32, epilogue, rows_opt, requested, operands, accumulation, regather):
         # operands: rows2d, weight, bias cast to the compute dtype (the caller's, outside the op range); the stored
         # tensors are saved and cast again for the backward (no compute-dtype copy of a weight kept in between)
-        logp, entropy, stats = _forward(*operands, ids, temperature, ignore_index, return_entropy,
-                                        batch_invariant, shape, logits32, epilogue, rows_opt)
+        logp, entropy, stats, extras = _forward(*operands, ids, temperature, ignore_index, return_entropy,
+                                                batch_invariant, shape, logits32, epilogue, rows_opt)
         ctx.save_for_backward(rows2d, weight, bias, ids, stats, entropy)
         ctx.temperature, ctx.ignore_index, ctx.batch_invariant = temperature, ignore_index, batch_invariant
         # after the epilogue GEMM (float32 logits) the backward's softmax is that of float32 logits too
         ctx.requested, ctx.logits32, ctx.rows_opt = requested, logits32 or epilogue, rows_opt
         ctx.compute, ctx.accumulation, ctx.regather = operands[0].dtype, accumulation, regather
         ctx.set_materialize_grads(False)
-        return logp, (entropy if return_entropy else None)
+        statistics = _statistics(extras)
+        ctx.mark_non_differentiable(*(t for t in statistics if t is not None))  # as the native path's
+        return (logp, (entropy if return_entropy else None)) + statistics
 
     @staticmethod
     @second_order.refused("linear_logp.backward")
-    def backward(ctx, grad_logp, grad_entropy):
+    def backward(ctx, grad_logp, grad_entropy, *_statistics):
         stored_h, stored_w, stored_b, ids, stats, entropy = ctx.saved_tensors
         dispatch.record("linear_logp.backward", ctx.requested, "fused", "fused")
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -366,6 +370,11 @@ class _FusedLinearLogp(torch.autograd.Function):
         return (cast(dh, stored_h), cast(dw, stored_w), cast(db, stored_b)) + none
 
 
+def _statistics(extras) -> tuple:
+    """(log_sum_sq_probs, mean_logit, is_top1) of the forward's extras, Nones without them."""
+    return (None, None, None) if extras is None else (extras.log_sum_sq, extras.mean_logit, extras.is_top1)
+
+
 def _operands(rows2d, weight, bias, cd):
     """The GEMM operands: rows2d, weight (contiguous), bias (contiguous) in the compute dtype, detached copies where
     a cast or a copy is needed (torch's kernels: the callers run this outside the op's NVTX range)."""
@@ -379,7 +388,9 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
                       accumulation="float32", regather=()):
     """Fused log-probs (and entropy) of validated CUDA inputs: (logp, entropy or None), float32, shaped like the ids.
     No host sync: bad ids give NaN and go to the device error record (``rlkernel.errors``). ``rows_opt``: a per-row
-    temperature and the softcap (``rlkernel.ops.fused.linear_logp_options.RowsOptions``), else None."""
+    temperature, the softcap and the statistics of ``outputs`` (``rlkernel.ops.fused.linear_logp_options.RowsOptions``),
+    else None; with its ``extras`` the answer is (logp, entropy or None, log_sum_sq_probs, mean_logit, is_top1), the
+    three statistics without gradient."""
     _ext.load()  # raises rlkernel._ext.ExtensionNotBuilt; the ops' schemas and impls are all C++: nothing to register
     cd = compute or hidden.dtype
     lead = hidden.shape[:-1]
@@ -397,9 +408,11 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
         args = (ids, float(temperature), int(ignore_index), bool(return_entropy), bool(batch_invariant),
                 token_ids.shape, bool(logits32), why is None, rows_opt)
         if wants_grad:
-            logp, entropy = _FusedLinearLogp.apply(rows2d, weight, bias, *args, requested, operands, accumulation,
-                                                   tuple(regather))
+            logp, entropy, *stats = _FusedLinearLogp.apply(rows2d, weight, bias, *args, requested, operands,
+                                                           accumulation, tuple(regather))
         else:
-            logp, entropy, _ = _forward(*operands, *args)
+            logp, entropy, _, extras = _forward(*operands, *args)
             entropy = entropy if return_entropy else None
-        return logp.view(lead), (entropy.view(lead) if entropy is not None else None)
+            stats = _statistics(extras)
+        out = tuple(t.view(lead) if t is not None else None for t in (logp, entropy, *stats))
+        return out if rows_opt is not None and rows_opt.extras else out[:2]
