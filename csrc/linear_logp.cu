@@ -3,6 +3,8 @@
 // .backward) is opened by rlkernel/ops/fused/linear_logp.py around the GEMMs and these launches together.
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "rlkernel/launch.cuh"
 #include "rlkernel/linear_logp_api.h"
 #include "rlkernel/linear_logp_kernels.cuh"
@@ -62,9 +64,10 @@ const char* linear_logp_fold(const LinearFoldArgs& a) {
                            });
 }
 
-const char* linear_logp_grad(const LinearGradArgs& a) {
-  if (a.tile_rows == 0 || a.cols == 0) return nullptr;
-  LinearGradParams p;
+namespace {
+
+// The grad kernel's params from the args (the fields both kinds share).
+void fill_grad_params(LinearGradParams& p, const LinearGradArgs& a) {
   p.tile = a.tile;
   p.row_stride = a.row_stride;
   p.ids = reinterpret_cast<const long long*>(a.ids);
@@ -77,6 +80,41 @@ const char* linear_logp_grad(const LinearGradArgs& a) {
   p.inv_t = inverse(a.temperature);
   p.ignore_index = a.ignore_index;
   p.in = row_grad_inputs(a);
+}
+
+// A float32 tile's gradient rounded into a 16-bit a.out: the float32 instantiations with O = a.out_dtype.
+const char* linear_logp_grad_out(const LinearGradArgs& a) {
+  if (a.dtype != ElemType::kFloat32 || a.out_dtype == ElemType::kFloat32) {
+    return "rlkernel linear_logp grad: a separate output needs a float32 tile and a 16-bit output";
+  }
+  LinearGradOutParams p;
+  fill_grad_params(p, a);
+  p.out = a.out;
+  p.out_stride = a.out_stride;
+  const char* err = nullptr;
+  const char* bad_type = with_type(a.out_dtype, [&](auto out_tag) {
+    using O = decltype(out_tag);
+    // every tile row, padding included, gets a gradient (0 for padding)
+    err = launch_row_kernel(a.dtype, a.cols, a.tile_rows, a.grad_entropy != nullptr, a.stream, p,
+                             [](auto tag, auto team, auto has_gh) {
+                               // T is float32 here (checked above): the 16-bit tags only name in-place kernels,
+                               // never launched from here (p would convert to their LinearGradParams)
+                               using T = decltype(tag);
+                               return rlkernel_linear_logp_grad_kernel<T, decltype(team)::value,
+                                                                       decltype(has_gh)::value,
+                                                                       std::conditional_t<sizeof(T) == 4, O, T>>;
+                             });
+  });
+  return bad_type ? bad_type : err;
+}
+
+}  // namespace
+
+const char* linear_logp_grad(const LinearGradArgs& a) {
+  if (a.tile_rows == 0 || a.cols == 0) return nullptr;
+  if (a.out != nullptr) return linear_logp_grad_out(a);
+  LinearGradParams p;
+  fill_grad_params(p, a);
   // every tile row, padding included, gets a gradient (0 for padding)
   return launch_row_kernel(a.dtype, a.cols, a.tile_rows, a.grad_entropy != nullptr, a.stream, p,
                            [](auto tag, auto team, auto has_gh) {

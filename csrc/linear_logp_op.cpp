@@ -91,11 +91,19 @@ void fold(const Tensor& tile, const Tensor& ids, Tensor& state, Tensor& logp, Te
   TORCH_CHECK(err == nullptr, kOp, " fold: ", err);
 }
 
-// Turns the recomputed tile (rows 0..n-1 real, the rest padding) into the gradient of its logits, in place.
+// Turns the recomputed tile (rows 0..n-1 real, the rest padding) into the gradient of its logits: in place, or
+// with `out` (a float32 tile, a bf16 / fp16 out of its shape) rounded once into out, the tile only read.
 void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::optional<Tensor>& grad_logp,
                const std::optional<Tensor>& grad_entropy, const Tensor& entropy, int64_t col0, int64_t vocab,
-               double temperature, int64_t ignore_index) {
+               double temperature, int64_t ignore_index, const std::optional<Tensor>& out) {
   check_tile(tile);
+  if (out.has_value()) {
+    check_tile(*out);
+    TORCH_CHECK(tile.scalar_type() == at::kFloat &&
+                (out->scalar_type() == at::kBFloat16 || out->scalar_type() == at::kHalf) &&
+                out->sizes() == tile.sizes() && out->device() == tile.device(), kOp,
+                ": grad_tile's out must be bf16 / fp16 of a float32 tile's shape and device");
+  }
   const int64_t n = ids.numel();
   TORCH_CHECK(n <= tile.size(0), kOp, ": more ids than tile rows");
   check_ids(ids, n, tile);
@@ -112,6 +120,11 @@ void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::
     a.entropy = entropy.data_ptr<float>();
   }
   a.stats = stats.data_ptr<float>();
+  if (out.has_value()) {
+    a.out = out->data_ptr();
+    a.out_stride = out->stride(0);
+    a.out_dtype = rlkernel::elem_type_of(*out, kOp);
+  }
   const char* err = rlkernel::linear_logp_grad(a);
   TORCH_CHECK(err == nullptr, kOp, " grad: ", err);
 }
@@ -236,7 +249,8 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
         "Tensor(d!) stats, int col0, int vocab, float temperature, int ignore_index, bool first, bool last, "
         "int row0=0, int error_record=0, int error_seq=0) -> ()");
   m.def("linear_logp_grad_tile(Tensor(a!) tile, Tensor token_ids, Tensor stats, Tensor? grad_logp, "
-        "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index) -> ()");
+        "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index, "
+        "Tensor(b!)? out=None) -> ()");
   m.def("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()");
   m.def("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()");
   m.def("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()");

@@ -1,15 +1,16 @@
 """The fused paths' Python orchestration on CPU, in a process of its own (run by
 tests/test_linear_logp_fused_orchestration.py): row blocks, vocabulary chunks, batch-invariant packing, the compute
 dtype's casts, the float32 / input dW accumulation in each dH accumulation mode ("addmm", "mm+add", "dtype"), the
-gradients' dtypes, masks, and linear_logp_loss's fused pass, against the native backend.
+gradients' dtypes, masks, float32 logits (the 16-bit gradient tile by the grad op's ``out`` or by the cast op) and
+linear_logp_loss's fused pass, against the native backend.
 
 The CUDA kernels are the one edge a CPU process cannot reach: each ``torch.ops.rlkernel`` op the orchestration calls
 gets a float64 CPU stand-in written here from its contract (fold: online softmax into (logp, entropy, lse); grad
-tile: the logits' gradient in place; colsum, cast, pack, bias rows), and aten's CUDA-only ``mm.dtype_out`` /
-``addmm.dtype_out`` get CPU ones. So this checks what the Python does with the kernels (shapes, slices, dtypes,
-which buffer is summed in what), not the kernels' arithmetic (the GPU tests do). Tolerance: 3e-2 of the largest
-element for bf16 compute (the two backends round the bf16 operands' products differently), 1e-4 for float32.
-Prints "ALL OK" at the end."""
+tile: the logits' gradient in place, or rounded into its 16-bit ``out``; colsum, cast, pack, bias rows), and aten's
+CUDA-only ``mm.dtype_out`` / ``addmm.dtype_out`` get CPU ones. So this checks what the Python does with the kernels
+(shapes, slices, dtypes, which buffer is summed in what), not the kernels' arithmetic (the GPU tests do). Tolerance:
+3e-2 of the largest element for bf16 compute (the two backends round the bf16 operands' products differently), 1e-4
+for float32. Prints "ALL OK" at the end."""
 import atexit
 import math
 import os
@@ -28,7 +29,8 @@ lib.define("linear_logp_fold(Tensor tile, Tensor token_ids, Tensor(a!) state, Te
            "Tensor(d!) stats, int col0, int vocab, float temperature, int ignore_index, bool first, bool last, "
            "int row0=0, int error_record=0, int error_seq=0) -> ()")
 lib.define("linear_logp_grad_tile(Tensor(a!) tile, Tensor token_ids, Tensor stats, Tensor? grad_logp, "
-           "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index) -> ()")
+           "Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, int ignore_index, "
+           "Tensor(b!)? out=None) -> ()")
 lib.define("linear_logp_colsum(Tensor tile, int n_rows, Tensor(a!) partial, Tensor(b!) out, bool accumulate) -> ()")
 lib.define("linear_logp_cast(Tensor src, Tensor(a!) dst, bool accumulate=False) -> ()")
 lib.define("linear_logp_pack(Tensor src, Tensor(a!) dst) -> ()")
@@ -64,7 +66,10 @@ def fold(tile, ids, state, logp, entropy, stats, col0, vocab, T, ign, first, las
         stats[:, 1] = 0
 
 
-def grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, T, ign):
+grad_outs = []  # the dtypes of grad_tile's `out` arguments (the 16-bit output of a float32 tile)
+
+
+def grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, T, ign, out=None):
     rows = ids.shape[0]
     z = tile[:rows].double() / T
     lse = stats[:, 0].double()
@@ -78,8 +83,14 @@ def grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, T, ign):
     if ge is not None:
         g -= ge.double()[:, None] * p * (logp_all + entropy.double()[:, None])
     g = torch.where((ids != ign)[:, None], g / T, 0.0)
-    tile[:rows].copy_(g.to(tile.dtype))
-    tile[rows:].zero_()
+    # in place, or into `out` (the tile only read): the gradient in the tile's dtype, rounded once to out's
+    dst = tile
+    if out is not None:
+        assert tile.dtype == torch.float32 and out.dtype in (torch.bfloat16, torch.float16) and out.shape == tile.shape
+        grad_outs.append(out.dtype)
+        dst = out
+    dst[:rows].copy_(g.to(tile.dtype).to(dst.dtype))
+    dst[rows:].zero_()
 
 
 def colsum(tile, n_rows, partial, out, acc):
@@ -243,6 +254,26 @@ for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)
                     want = run("native", h, w, b, ids, gl, ge, accumulation=acc, batch_invariant=False)
                     tol = 3e-2 if cd == torch.bfloat16 else 1e-4
                     compare(f"{hd} {wd} {mode} {acc} {chunk} bi={bi}", got, want, tol)
+
+# float32 logits of 16-bit inputs: the backward's 16-bit gradient tile written by the grad kernel (GRAD_INTO_16BIT,
+# no bias gradient) or in place then by the cast kernel (with a bias gradient, or the switch off): the same values
+F._dh_modes.clear()
+for dt in (torch.bfloat16, torch.float16):
+    h = torch.randn(n, H).to(dt)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(dt)
+    for b in (None, (torch.randn(V) * 0.3).to(dt)):
+        got = {}
+        for direct in (True, False):
+            F.GRAD_INTO_16BIT = direct
+            grad_outs.clear()
+            with F.chunking(48, 256):
+                got[direct] = run("fused", h, w, b, ids, gl, ge, logits32=True)
+            # several row blocks and vocabulary chunks, each through the grad kernel's output without a bias
+            assert grad_outs == ([dt] * 4 * 3 if direct and b is None else []), (dt, direct, grad_outs)
+        F.GRAD_INTO_16BIT = True
+        assert all(x is None and y is None or torch.equal(x, y) for x, y in zip(got[True], got[False], strict=True))
+        compare(f"float32 logits {dt} bias={b is not None}", got[True],
+                run("native", h, w, b, ids, gl, ge, logits32=True), 3e-2)
 
 # the loss's fused pass vs native, mixed and accumulation modes, masks through the public entry with a patched
 # dispatch

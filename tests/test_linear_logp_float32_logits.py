@@ -10,6 +10,8 @@ realistic size (|z| up to about 30) at T in {0.7, 1.0}. Bounds (docs/contracts.m
 - gradients: native vs the float64 gradient of the same inputs within 2 u |g| + 1e-4 max|g| (the output's bf16
   rounding, doubled, plus the float32 softmax); fused vs native (GPU): the fused gradient tile is rounded once to
   bf16 before its GEMMs, so an element differs by at most 2 u (|G| @ |W|) + 2 u |g| + 1e-6 (dH; |G|^T @ |H| for dW);
+- that rounding, done by the grad kernel itself (its 16-bit output), bitwise equal to the in-place float32 gradient
+  rounded by the cast kernel (the path before, ``GRAD_INTO_16BIT`` off), kernel and whole backward (GPU);
 - batch invariance: bitwise, in both modes; CUDA-graph replay: bitwise equal to eager.
 The GPU tests (marked ``gpu``) run V >= 128k.
 """
@@ -365,3 +367,93 @@ def test_gpu_missing_float32_gemm_falls_back_with_the_reason(fused, monkeypatch)
     assert torch.equal(got, want)
     with pytest.raises(dispatch.FusedKernelUnavailable, match="no float32-output GEMM"):
         rlkernel.linear_logp(hidden, weight, ids, bias=b, logits_dtype=torch.float32, backend="fused")
+
+
+# ------------------------------------------------------------------------- the 16-bit gradient tile (GPU, bitwise)
+
+
+@_gpu
+@pytest.mark.parametrize("cols", [1024, 1001])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_grad_tile_op_16bit_out_bitwise_equal_to_the_cast(fused, dtype, entropy_grad, cols):
+    """``linear_logp_grad_tile(..., out)`` on a float32 tile: every element has the bits of the in-place float32
+    gradient rounded by ``linear_logp_cast`` (the path before), the tile is only read: padding rows (tile rows past
+    the ids: 0), ignored rows (0), a bad id (NaN), targets in and out of the chunk, an odd width (rows not 8-byte
+    aligned: the element stores)."""
+    dev, n, rows, vocab, col0, t = "cuda", 200, 256, 50000, 3000, 0.7
+    g = torch.Generator(device=dev).manual_seed(23)
+    tile = torch.randn(rows, cols, device=dev, generator=g) * 8
+    ids = torch.randint(col0, col0 + cols, (n,), device=dev, generator=g)
+    ids[::4] = torch.randint(0, vocab, (len(ids[::4]),), device=dev, generator=g)  # mostly another chunk's
+    ids[3], ids[7] = IGNORE, vocab + 5
+    # stats (r, log2 s) of a row whose other chunks hold more mass: log2 p = x log2(e)/T - r - log2 s <= 0
+    y = tile[:n].double() * (math.log2(math.e) / t)
+    r = y.max(1).values + 3 * torch.rand(n, device=dev, dtype=torch.float64, generator=g)
+    log2s = torch.log2(torch.exp2(y - r[:, None]).sum(1) + torch.rand(n, device=dev, dtype=torch.float64,
+                                                                       generator=g))
+    stats = torch.stack([r, log2s], 1).float().contiguous()
+    gl = torch.randn(n, device=dev, generator=g)
+    ge = torch.randn(n, device=dev, generator=g) if entropy_grad else None
+    ent = 5 * torch.rand(n, device=dev, generator=g)
+    args = (ids, stats, gl, ge, ent, col0, vocab, t, IGNORE)
+    inplace = tile.clone()
+    torch.ops.rlkernel.linear_logp_grad_tile(inplace, *args)
+    want = torch.empty(rows, cols, dtype=dtype, device=dev)
+    torch.ops.rlkernel.linear_logp_cast(inplace, want)
+    src = tile.clone()
+    got = torch.full((rows, cols), 7.0, dtype=dtype, device=dev)  # every element must be written
+    torch.ops.rlkernel.linear_logp_grad_tile(src, *args, got)
+    assert torch.equal(src, tile)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert got[n:].eq(0).all() and got[3].eq(0).all() and got[7].isnan().all()
+    with pytest.raises(RuntimeError, match="out must be"):  # a 16-bit output of a float32 tile only
+        torch.ops.rlkernel.linear_logp_grad_tile(tile.clone(), *args, tile.clone())
+
+
+def _grads_and_op_calls(fn):
+    """fn()'s result, and how many times it called the grad-tile and cast ops (a CPU-side profile: names only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    names = [e.name for e in prof.events()]
+    return out, {op: names.count(f"rlkernel::{op}") for op in ("linear_logp_grad_tile", "linear_logp_cast")}
+
+
+@_gpu
+@pytest.mark.parametrize("batch_invariant", [False, True])
+@pytest.mark.parametrize("bias", ["none", "frozen", "trained"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_backward_16bit_grad_tile_bitwise_equal_to_the_cast_path(fused, monkeypatch, dtype, bias,
+                                                                     batch_invariant):
+    """float32 logits: the backward whose grad kernel writes the 16-bit gradient tile itself (``GRAD_INTO_16BIT``)
+    gives dH, dW bitwise equal to the in-place float32 gradient then the cast kernel (the switch off: the path
+    before), one cast less per (row block, vocabulary chunk); 4 row blocks (batch-invariant: the last one padded) x 5
+    chunks (the last of odd width), ignored rows, an entropy gradient. A trained bias keeps the in-place path (its
+    column sums read the float32 gradient): the same calls, db bitwise too."""
+    from rlkernel.ops.fused import linear_logp as fused_linear
+
+    n, h, v = 300, 256, 5001
+    hidden, weight, b, ids = make(n, h, v, device="cuda", bias=bias != "none", seed=21, dtype=dtype)
+    ids[5:60:7] = IGNORE
+    x, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    bb = None if b is None else b.clone().requires_grad_(bias == "trained")
+    g = torch.Generator(device="cuda").manual_seed(22)
+    gl, ge = torch.randn(n, device="cuda", generator=g), 0.3 * torch.randn(n, device="cuda", generator=g)
+    inputs = [x, w] + ([bb] if bias == "trained" else [])
+    grads, calls = {}, {}
+    with fused_linear.chunking(96, 1024):
+        lp, ent = rlkernel.linear_logp(x, w, ids, bias=bb, temperature=0.7, return_entropy=True,
+                                       batch_invariant=batch_invariant, logits_dtype=torch.float32, backend="fused")
+        loss = (gl * lp + ge * ent).sum()
+        for direct in (True, False):  # one forward, the backward twice
+            monkeypatch.setattr(fused_linear, "GRAD_INTO_16BIT", direct)
+            grads[direct], calls[direct] = _grads_and_op_calls(
+                lambda: torch.autograd.grad(loss, inputs, retain_graph=True))
+    for a, c in zip(grads[True], grads[False], strict=True):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        assert torch.equal(a.view(torch.int16), c.view(torch.int16))
+    tiles = calls[True]["linear_logp_grad_tile"]  # 4 x 5 (times the profile's events per call)
+    assert tiles == calls[False]["linear_logp_grad_tile"] and tiles > 0 and tiles % (4 * 5) == 0, calls
+    assert calls[False]["linear_logp_cast"] - calls[True]["linear_logp_cast"] == (0 if bias == "trained" else tiles)

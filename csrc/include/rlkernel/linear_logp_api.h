@@ -32,7 +32,7 @@ struct LinearFoldArgs {
 };
 
 struct LinearGradArgs : RowGradArgs {  // dtype, T, ignore_index and the rows' g_l, g_H, entropy, stats
-  void* tile;                // [tile_rows, cols], overwritten by the logits' gradient
+  void* tile;                // [tile_rows, cols], overwritten by the logits' gradient (unless `out`)
   int64_t row_stride;
   const int64_t* ids;        // [n_rows]
   int64_t n_rows;
@@ -41,6 +41,11 @@ struct LinearGradArgs : RowGradArgs {  // dtype, T, ignore_index and the rows' g
   int64_t col0;
   int64_t vocab;
   void* stream;
+  // Optional (nullptr: in place): with a float32 tile, the gradient goes, rounded once to out_dtype (bfloat16 or
+  // float16), to out [tile_rows, cols] (row stride out_stride, last dim contiguous) and the tile is only read.
+  void* out;
+  int64_t out_stride;
+  ElemType out_dtype;
 };
 
 // The epilogue GEMM (csrc/linear_logp_epilogue.cu, issue 37): hidden @ weight^T on Hopper with the softmax folded

@@ -7,7 +7,8 @@
 //   chunk turns the state into logp, entropy and the stats (r, log2 s) the backward needs. A row's order of
 //   operations depends only on the chunk width and the element type, never on the number of rows.
 // - grad: the recomputed tile becomes, in place, the gradient of the logits, (1/T)[g_l (onehot - p) - g_H p (log p
-//   + H)], with p from the saved stats; rows past n_rows (padding) and ignored rows become 0, bad-id rows NaN.
+//   + H)], with p from the saved stats; rows past n_rows (padding) and ignored rows become 0, bad-id rows NaN. A
+//   float32 tile's gradient can go instead, rounded once, to a 16-bit output (the tile then only read).
 // - colsum: column sums of the gradient tile (the bias gradient), two passes in a fixed order (deterministic).
 // - cast / pack: float32 accumulator rows to the output dtype; hidden rows into a zero-padded block.
 #pragma once
@@ -79,6 +80,20 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_fold_kern
   }
 }
 
+template <typename D> __device__ __forceinline__ D from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename S> __device__ __forceinline__ float to_float_any(S v) {
+  if constexpr (std::is_same_v<S, float>) {
+    return v;
+  } else {
+    return ElemTraits<S>::to_float(v);
+  }
+}
+
 struct LinearGradParams {
   void* tile;              // [tile_rows, cols], overwritten by the gradient
   long long row_stride;
@@ -94,8 +109,42 @@ struct LinearGradParams {
   RowGradInputs in;        // [n_rows] rows: g_l, g_H, the forward's entropy and stats (row_grad.cuh)
 };
 
-template <typename T, int TEAM, bool HAS_GH>
-__global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kernel(const LinearGradParams p) {
+// The grad kernel with a 16-bit output of a float32 tile (float32 logits, issue 36): the tile is only read and the
+// gradient, rounded once, goes to `out`, the dW / dH GEMMs' operand (no cast pass over the float32 tile). A type
+// of its own, so the in-place kernels keep LinearGradParams as it was (the option kernels' params embed it).
+struct LinearGradOutParams : LinearGradParams {
+  void* out;               // [tile_rows, cols] of the output type, last dim contiguous
+  long long out_stride;
+};
+
+__device__ __forceinline__ unsigned short bits16(__half v) { return __half_as_ushort(v); }
+__device__ __forceinline__ unsigned short bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+
+// Stores f[0..3] (one float32 vector's gradient) at element e0 of a 16-bit row, skipping elements at or past V, each
+// rounded by from_float: the cast kernel's conversion, so the bits are those of the in-place float32 gradient cast
+// afterwards. One 8-byte store when the row start is 8-byte aligned and the vector is whole.
+template <typename O>
+__device__ __forceinline__ void store_rounded4(O* __restrict__ row, int e0, int V, bool aligned8, const float* f) {
+  unsigned short b[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b[i] = bits16(from_float<O>(f[i]));
+  if (aligned8 && e0 + 4 <= V) {
+    const uint2 packed = make_uint2(b[0] | (unsigned{b[1]} << 16), b[2] | (unsigned{b[3]} << 16));
+    __stcs(reinterpret_cast<uint2*>(row + e0), packed);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (e0 + i < V) reinterpret_cast<unsigned short*>(row)[e0 + i] = b[i];
+}
+
+// O == T: in place. O 16-bit (T float32 only): the gradient rounded into p.out, the tile only read. (P is a template
+// parameter of its own, not an alias of T and O in the signature: nvcc's host stubs cannot name such an alias.)
+template <typename T, int TEAM, bool HAS_GH, typename O = T,
+          typename P = std::conditional_t<std::is_same_v<T, O>, LinearGradParams, LinearGradOutParams>>
+__global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kernel(const P p) {
+  constexpr bool kInPlace = std::is_same_v<T, O>;
+  static_assert(kInPlace || (std::is_same_v<T, float> && sizeof(O) == 2), "a 16-bit output of a float32 tile only");
   constexpr int VEC = ElemTraits<T>::kVec;
   constexpr int CHUNK = TEAM * kUnroll * VEC;
   constexpr int kTeams = kCtaThreads / TEAM;
@@ -109,8 +158,26 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kern
   T* g_row = static_cast<T*>(p.tile) + row * p.row_stride;
   const bool aligned = (reinterpret_cast<uintptr_t>(g_row) & 15u) == 0;
   const int V = p.cols;
+  O* o_row = nullptr;
+  bool o_aligned = false;
+  if constexpr (!kInPlace) {
+    o_row = static_cast<O*>(p.out) + row * p.out_stride;
+    o_aligned = (reinterpret_cast<uintptr_t>(o_row) & 7u) == 0;
+  }
   if (ignored || bad) {  // ignored and padding rows: 0, so the GEMMs get nothing from them; a bad id: NaN
-    fill_grad_row<T, TEAM>(g_row, V, aligned, tid, ignored ? 0.0f : NAN);
+    if constexpr (kInPlace) {
+      fill_grad_row<T, TEAM>(g_row, V, aligned, tid, ignored ? 0.0f : NAN);
+    } else {  // by store_rounded4 (not fill_grad_row<O>), so a bad row's NaN has the cast kernel's bits too
+      float f[VEC];
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) f[i] = ignored ? 0.0f : NAN;
+      for (int base = 0; base < V; base += CHUNK)
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int e0 = base + (u * TEAM + tid) * VEC;
+          if (e0 < V) store_rounded4<O>(o_row, e0, V, o_aligned, f);
+        }
+    }
     return;
   }
   const RowGradCoeffs k = row_grad_coeffs<HAS_GH>(p.in, row, p.inv_t);
@@ -139,8 +206,12 @@ __global__ void __launch_bounds__(kCtaThreads, 2) rlkernel_linear_logp_grad_kern
         for (int i = 0; i < VEC; ++i)
           if (e0 + i == target) f[i] += k.G;
       }
-      pack_vec<T>(v[u], f);
-      if (e0 < V) store_vec<T>(g_row, e0, V, aligned, v[u]);
+      if constexpr (kInPlace) {
+        pack_vec<T>(v[u], f);
+        if (e0 < V) store_vec<T>(g_row, e0, V, aligned, v[u]);
+      } else if (e0 < V) {
+        store_rounded4<O>(o_row, e0, V, o_aligned, f);
+      }
     }
   }
 }
@@ -163,20 +234,6 @@ __global__ void __launch_bounds__(kColsumThreads) rlkernel_linear_logp_colsum_ke
 
 // Pass 2 (rlkernel_linear_logp_colsum_finish_kernel) is defined in csrc/linear_logp.cu, its one launcher: a
 // non-template kernel defined in a header would be defined again by every .cu that includes it (a link error).
-
-template <typename D> __device__ __forceinline__ D from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <typename S> __device__ __forceinline__ float to_float_any(S v) {
-  if constexpr (std::is_same_v<S, float>) {
-    return v;
-  } else {
-    return ElemTraits<S>::to_float(v);
-  }
-}
 
 // dst[i] = src[i] for i < n (S -> D, round to nearest even); both contiguous. accumulate: dst[i] += src[i] (in
 // float32, then rounded to D).

@@ -13,10 +13,13 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   column-sum kernels, and ``rlkernel_linear_logp_cast_kernel`` writes the block's dH in the inputs' dtype.
 - ``logits32`` (``logits_dtype=torch.float32``, 16-bit inputs): the tile is float32, written by aten's float32-output
   GEMM of the 16-bit operands (``blas.float32_logits``: cuBLASLt's float32 C/D type, the accumulator never rounded),
-  and the fold / grad kernels read and write it as float32 (their float32 instantiations, those of float32 inputs).
-  The backward rounds the float32 gradient tile once to the inputs' dtype (``rlkernel_linear_logp_cast_kernel``
-  into a second, 16-bit tile) for the dW / dH GEMMs (16-bit operands, float32 accumulation); the bias gradient sums
-  the float32 tile. ``plan`` sizes the tile by its float32 elements (half the columns).
+  and the fold / grad kernels read it as float32 (their float32 instantiations, those of float32 inputs). The
+  backward's gradient tile is rounded once to the inputs' dtype, by the grad kernel itself: it reads the float32
+  logits and writes the 16-bit gradient into a second tile (``GRAD_INTO_16BIT``), the dW / dH GEMMs' operand
+  (16-bit operands, float32 accumulation). With a bias gradient (its column sums read the float32 gradient) and with
+  the option kernels, the grad kernel works in place on the float32 tile and ``rlkernel_linear_logp_cast_kernel``
+  rounds it afterwards: the same bits, one more pass. ``plan`` sizes the tile by its float32 elements (half the
+  columns).
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
@@ -57,6 +60,11 @@ _COL_ALIGN = 256
 # rlkernel_linear_logp_bias_rows_kernel and added by a beta = 1 GEMM (False: one more write and read of each tile, and
 # no copy kernel of torch's in the op range should its addmm not take the epilogue path).
 BIAS_EPILOGUE = True
+# Float32 logits, 16-bit inputs: the grad kernel writes the 16-bit gradient tile itself (True: one float32 read and
+# one 16-bit write), or turns the float32 tile into the gradient in place and the cast kernel rounds it to the 16-bit
+# tile afterwards (False: the path before, about 8 more bytes per element; the same bits, which the GPU tests check).
+# The bias gradient sums the float32 gradient tile, so with a bias gradient the backward keeps the in-place path.
+GRAD_INTO_16BIT = True
 _override: tuple[int, int] | None = None  # (block rows, chunk columns) forced by tests (``chunking``)
 _dh_modes: dict[tuple, str] = {}  # (device index, dtype) -> how dH is summed over chunks (dh_accumulation)
 
@@ -263,6 +271,9 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
     # float32 logits: the gradient tile rounded once to the inputs' dtype, the dW / dH GEMMs' operand
     grad_buf = torch.empty(m * cols, dtype=dtype, device=dev) if tile_dtype != dtype and (need_w or need_h) else None
+    # written by the grad kernel itself (GRAD_INTO_16BIT), except where the float32 gradient is read afterwards: the
+    # bias column sums, and the option kernels' grad (which has no 16-bit output)
+    direct16 = grad_buf is not None and GRAD_INTO_16BIT and not need_b and rows_opt is None
     packed = torch.empty(block, hsize, dtype=dtype, device=dev) if batch_invariant else None
     acc = tmp = dh = tmp_w = None
     mode = dh_accumulation(dev, dtype, batch_invariant) if need_h or (need_w and acc_dtype != dtype) else None
@@ -287,11 +298,13 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
         for c0, c1 in _chunks(vocab, cols):
             tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
             _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
+            g = tile if grad_buf is None else grad_buf[: tile.numel()].view(tile.shape)
             if rows_opt is None:
                 torch.ops.rlkernel.linear_logp_grad_tile(
                     tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
                     None if grad_entropy is None else grad_entropy[r0:r1],
-                    entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, temperature, ignore_index)
+                    entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, temperature, ignore_index,
+                    g if direct16 else None)
             else:
                 fused_options.grad(rows_opt, tile, rows, ids[r0:r1], r0, r1, stats[r0:r1],
                                    None if grad_logp is None else grad_logp[r0:r1],
@@ -299,9 +312,7 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
                                    entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, ignore_index)
             if need_b:  # from the float32 tile with float32 logits
                 torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
-            g = tile
-            if grad_buf is not None:
-                g = grad_buf[: tile.numel()].view(tile.shape)
+            if grad_buf is not None and not direct16:
                 torch.ops.rlkernel.linear_logp_cast(tile, g)
             if need_w and w_mode is not None:
                 _accumulate_w(dw[c0:c1], g.t(), h, r0 == 0, w_mode, tmp_w)
