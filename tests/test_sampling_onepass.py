@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from cuda_graphs import warm_on_side_stream
+from cuda_graphs import sampler_replays_against_eager, warm_on_side_stream
 
 import rlkernel
 
@@ -209,31 +209,9 @@ def test_no_host_sync():
 def test_cuda_graph_replays_follow_device_seeds_and_offsets():
     x = torch.randn(256, 128256, device="cuda") * 2
     kw = _kw(_mixed_settings(256, 128256, seed=4))
-    seeds = torch.arange(256, device="cuda") + 1000
-    offset = torch.zeros(256, dtype=torch.int64, device="cuda")
-
-    def call():
-        return rlkernel.sample(x, seed=seeds, offset=offset, return_logprobs="processed", backend="fused", **kw)
-
-    warm_on_side_stream(call)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ids, lp = call()
-    got, steps = [], [(0, 0), (1, 0), (2, 5)]
-    for step, shift in steps:
-        offset.fill_(step)
-        seeds.copy_(torch.arange(256, device="cuda") + 1000 + shift)
-        graph.replay()
-        got.append((ids.clone(), lp.clone()))
-    for (step, shift), (g_ids, g_lp) in zip(steps, got, strict=True):
-        s = torch.arange(256, device="cuda") + 1000 + shift
-        want, want_lp = rlkernel.sample(x, seed=s, offset=torch.full_like(offset, step),
-                                        return_logprobs="processed", backend="fused", **kw)
-        assert torch.equal(g_ids, want), f"replay at offset {step}, seed shift {shift}: ids differ from eager"
+    for g_ids, g_lp, want_lp in sampler_replays_against_eager(x, kw, "processed"):
         assert torch.equal(_bits(g_lp), _bits(want_lp))
         assert torch.equal(_bits(g_lp), _bits(rlkernel.logp(x, g_ids, backend="fused", **kw)))
-    assert not torch.equal(got[0][0], got[1][0]), "the offset did not reach the kernel"
-    assert not torch.equal(got[1][0], got[2][0]), "the seeds did not reach the kernel"
 
 
 def test_cuda_graph_replays_with_a_registered_generator():
