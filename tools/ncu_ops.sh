@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # ncu details (speed of light, memory, warp states, occupancy, launch, warp instructions executed) of rlkernel's own
 # kernels in one fused call, after warm-up calls; clocks left as they are (--clock-control none).
-#   source .node-kit/env.sh && bash tools/ncu_ops.sh sample B V          # fp32 logits, top_k 50, top_p 0.9
+#   source .node-kit/env.sh && bash tools/ncu_ops.sh sample B V [DTYPE] [LOGPROBS]   # top_k 50, top_p 0.9;
+#     DTYPE float32 (default) | bfloat16; LOGPROBS none (default) | raw (return_logprobs=True) | processed
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh logp N V DTYPE      # forward only
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh linear N H V LOGITS EPILOGUE   # linear_logp forward, every kernel
 #     (cuBLAS GEMMs included) of one call; LOGITS bf16 | float32; EPILOGUE off | on (the epilogue GEMM, issue 37)
+#   source .node-kit/env.sh && bash tools/ncu_ops.sh processed N H V TOP_K TOP_P   # linear_logp's processed forward
+#     (issue 39), bf16: every rlkernel kernel of one call (the cuBLAS tiles left out)
 set -eu
-case "${1:-}" in -h|--help) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
-op=${1:?usage: ncu_ops.sh sample B V | logp N V DTYPE | linear N H V LOGITS EPILOGUE}
+case "${1:-}" in -h|--help) sed -n '2,/^set -eu/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+op=${1:?usage: ncu_ops.sh sample B V [DTYPE] [LOGPROBS] | logp N V DTYPE | linear N H V LOGITS EPILOGUE | processed N H V TOP_K TOP_P}
 if [ "$op" = linear ]; then
   # one forward after warm-up calls, between cudaProfilerStart / Stop: every kernel of that call, ours and cuBLAS's
   logits=${5:-bf16}; epi=${6:-off}
@@ -33,13 +36,38 @@ with torch.no_grad():
     torch.cuda.cudart().cudaProfilerStop()
 "
 fi
+if [ "$op" = processed ]; then
+  # rlkernel's kernels of one processed forward after warm-up calls (the per-block GEMMs are cuBLAS's, left out)
+  exec ncu --clock-control none --profile-from-start off -k regex:rlkernel_ --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+    --section SchedulerStats --section InstructionStats python3 -c "
+import torch, rlkernel
+n, h, v = ${2:-16384}, ${3:-4096}, ${4:-128256}
+x = torch.randn(n, h, device='cuda', dtype=torch.bfloat16)
+w = torch.randn(v, h, device='cuda', dtype=torch.bfloat16) / h ** 0.5
+ids = torch.randint(0, v, (n,), device='cuda')
+call = lambda: rlkernel.linear_logp(x, w, ids, top_k=${5:-1024}, top_p=${6:-0.9}, return_entropy=True,
+                                    backend='fused', require_fused=True)
+with torch.no_grad():
+    for _ in range(2):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+"
+fi
 case $op in
-  sample) call="rlkernel.sample(x, top_k=50, top_p=0.9, backend='fused')"
-          make="x = torch.randn(${2:-256}, ${3:-128256}, device='cuda') * 3"; per_call=2 ;;
+  sample) case ${5:-none} in none) lp=False ;; raw) lp=True ;; processed) lp="'processed'" ;;
+            *) echo "ncu_ops.sh: LOGPROBS is none, raw or processed" >&2; exit 2 ;; esac
+          case ${4:-float32} in float32|bfloat16|float16) ;; *) echo "ncu_ops.sh: DTYPE is float32, bfloat16 or float16" >&2; exit 2 ;; esac
+          call="rlkernel.sample(x, top_k=50, top_p=0.9, return_logprobs=$lp, backend='fused')"
+          make="x = (torch.randn(${2:-256}, ${3:-128256}, device='cuda') * 3).to(torch.${4:-float32})"; per_call=2 ;;
   logp) call="rlkernel.logp(x, ids, backend='fused')"
         make="x = torch.randn(${2:-4096}, ${3:-32000}, device='cuda', dtype=torch.${4:-bfloat16}); ids = torch.randint(0, x.shape[1], (x.shape[0],), device='cuda')"
         per_call=1 ;;
-  *) echo "ncu_ops.sh: unknown op $op (sample, logp, linear)" >&2; exit 2 ;;
+  *) echo "ncu_ops.sh: unknown op $op (sample, logp, linear, processed)" >&2; exit 2 ;;
 esac
 ncu --clock-control none -k regex:rlkernel_ --launch-skip $((2 * per_call)) --launch-count "$per_call" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
