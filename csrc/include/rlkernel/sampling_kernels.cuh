@@ -11,12 +11,14 @@
 //      candidates above it and ranks those (top_by_threshold; with many ties at the k-th key, its warps sort runs
 //      of 128 and merge them instead), and its first four warps run the exact law on the first k, one entry a
 //      thread (finish_sorted). A row whose candidates overflow runs the law on the whole row.
-//  general path (top_k = 0 or large): rlkernel_sample_rows runs the exact law on each whole row.
+//  general path (top_k = 0 or large): rlkernel_sample_rows runs the exact law on each whole row; with
+//    top_k <= kMaxRowCandK on the row's candidate list (sampling_row_candidates.cuh: two reads of the row).
 // Both paths keep the same set and race the same Philox noise per (row, id): they draw the same ids.
 #pragma once
 
 #include "rlkernel/row_reduce.cuh"  // max_nan
 #include "rlkernel/sampling_filter.cuh"
+#include "rlkernel/sampling_row_candidates.cuh"
 
 namespace rlkernel {
 namespace sampling {
@@ -243,15 +245,17 @@ __device__ __forceinline__ uint32_t chunk_bound(const Chunk<T>& ch, int64_t voca
 // The tokens kept are those whose scaled logit s is not below L's float (every s with key(s) >= L, and a few
 // -0.0 more when L is +0.0's key). L at or below -inf's key keeps the whole chunk (its row then overflows and
 // takes the whole-row path); at or above +inf's key only +inf and NaN tokens reach it.
-// Returns the key of this thread's largest token of the chunk (kNoKey if it holds none).
+// Returns the key of this thread's largest token of the chunk (kNoKey if it holds none); raw_max: that token's
+// logit, unscaled (thread_max's value; -inf if none).
 template <typename T, bool kRegular>
 __device__ __forceinline__ uint32_t emit_kept(const Chunk<T>& ch, int64_t vocab, float inv_t, uint32_t bound,
-                                              const T* mine, uint64_t* out, uint32_t* n_cand) {
+                                              const T* mine, uint64_t* out, uint32_t* n_cand, float& raw_max) {
   const float s_bound = bound <= float_key(-INFINITY) ? -INFINITY
                         : bound >= float_key(INFINITY) ? INFINITY
                                                        : key_float(bound);
   float m;
   uint32_t mask = kept_mask<T, kRegular>(ch, vocab, inv_t, s_bound, mine, m);
+  raw_max = m;
   const bool has_real = ch.start + static_cast<int>(threadIdx.x) * kVecTokens<T> < vocab;
   // the shared counter hands out slots; select sorts the candidates by their (unique) packed value, so the order
   // they land in changes nothing downstream
@@ -295,18 +299,19 @@ constexpr bool kRunningBound = sizeof(T) == 4;
 // bound of its own, unless it keeps more than refilter_above(k) of its tokens: then it searches its own (L'
 // certified by its maxima), filters again with max(L, L'), and passes that on. publish: this chunk publishes
 // the running maxima; search: warp 0 searches the previous chunk's. The barriers depend only on shared values
-// and block-uniform flags, so the whole block takes the same branches.
+// and block-uniform flags, so the whole block takes the same branches. raw_max: emit_kept's (the raw log-probs'
+// reference).
 template <typename T, bool kRegular>
 __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, float inv_t, int k, const T* mine,
                                              uint64_t* out, uint32_t* count, uint32_t* n_cand, RowState& rs,
-                                             bool publish, bool search, CandidateSmem& sm) {
+                                             bool publish, bool search, CandidateSmem& sm, float& raw_max) {
   const bool inherited = rs.bound != 0;
   if (!inherited) rs.bound = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
   if (search && threadIdx.x < 32) {  // sm.maxima: published before the last chunk's end barrier
     const uint32_t l = warp_bound(sm.maxima, k);
     if (threadIdx.x == 0) sm.next_bound = l;
   }
-  const uint32_t key = emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand);
+  const uint32_t key = emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand, raw_max);
   rs.run_key = max(rs.run_key, key);
   if (publish) sm.maxima[threadIdx.x] = rs.run_key;  // read by warp 0 in the next chunk, after this barrier
   __syncthreads();  // every slot of this chunk is in *n_cand
@@ -316,7 +321,7 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
     // still distinct tokens of the row, so the next search stays a certificate, a weaker one)
     const uint32_t own = chunk_bound<T, kRegular>(ch, vocab, inv_t, k, mine, n_cand, sm);
     rs.bound = max(rs.bound, own);
-    emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand);
+    emit_kept<T, kRegular>(ch, vocab, inv_t, rs.bound, mine, out, n_cand, raw_max);
     __syncthreads();
     n = *n_cand;
   }
@@ -328,10 +333,11 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 // The drawn id's log-prob under softmax(x / T') (T' = T, 1 where T = 0) from the row's online-softmax state of
 // y = x * c, c = log2(e) / T' (row_reduce.cuh's RowState: the max and the sum of 2^(y - max), base 2), so that the
 // log-prob is the logp forward's own expression of it (target_logp). Where the state comes from:
-//  - fast path: the candidates kernel, in the pass that filters, adds each chunk's tokens thread by thread (a
-//    thread's vectors in order, each by add_chunk's pairwise tree), merges each warp's 32 states (warp_merge) and
-//    stores one state per (chunk, warp); select merges the row's states, thread i taking states i, i + 512, ... in
-//    order, then team_merge over the block. No second read of the logits. Every step is a function of (V, dtype)
+//  - fast path: the candidates kernel, right after it filters a chunk, sums each warp's tokens of it against
+//    the warp's largest (raw max * c, from the filter's own pass: one exponential a token, no rescaling; a
+//    thread's vectors in order, each by add_chunk's pairwise tree, then the warp's 32 sums by a butterfly) and
+//    stores one state per (chunk, warp); select's warp 0 merges the row's states, lane l taking states l, l + 32,
+//    ... in order, then the warp's butterfly. No second read of the logits from memory. Every step is a function of (V, dtype)
 //    alone: the same bits whichever block filters a chunk, whether its vectors were staged, and in any batch. Not
 //    the logp forward's order (a team of one row's threads walking the whole row), so within a bound of it
 //    (docs/contracts.md, section 1).
@@ -349,36 +355,55 @@ __device__ __forceinline__ float raw_scale(const SampleSettings& s, int64_t row)
   return t > 0.f ? __fdiv_rn(kLog2e, t) : kLog2e;
 }
 
-// Candidates kernel: this chunk's state, one per warp, into out[warp]. A vector not staged (an unaligned row, the
-// row's end) is read from global memory into the same registers, -inf past the row: the same bits either way.
+// Candidates kernel: this chunk's state, one per warp, into out[warp]. raw_max: the thread's largest raw logit of
+// the chunk (filter_chunk's); the warp's largest, times c (c > 0: rounding keeps the order), is the state's max, and
+// every token of the warp costs one exponential against it: no rescaling as a max grows, and the warp's sums add
+// by a butterfly with no merge (the kernel is issue-bound: docs/benchmarks.md). A vector not staged (an unaligned
+// row, the row's end) is read from global memory into the same registers, -inf past the row: the same bits either
+// way.
 template <typename T, bool kRegular>
-__device__ __forceinline__ void store_chunk_state(const Chunk<T>& ch, int64_t vocab, float c, const T* mine,
-                                                  float2* out) {
-  SoftmaxState st = empty_state();
+__device__ __forceinline__ void store_chunk_state(const Chunk<T>& ch, int64_t vocab, float c, float raw_max,
+                                                  const T* mine, float2* out) {
+  constexpr int kVec = ElemTraits<T>::kVec;
+  float warp_max = raw_max;
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) warp_max = max_nan(warp_max, __shfl_xor_sync(kFullMask, warp_max, o));
+  const float m = warp_max * c;
+  const float r = state_ref(m);
+  float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < kVecsPerThread<T>; ++j) {
-    RawVec v[1];  // one vector at a time: few registers in a kernel capped at 80
+    RawVec v;
     if (kRegular || vec_staged(ch, vocab, j)) {
-      v[0].u4 = *reinterpret_cast<const uint4*>(mine + j * kVecStride<T>);
+      v.u4 = *reinterpret_cast<const uint4*>(mine + j * kVecStride<T>);
     } else {
       const int64_t e0 = ch.start + j * kVecStride<T> + static_cast<int>(threadIdx.x) * kVecTokens<T>;
-      v[0] = e0 < vocab ? load_vec<T>(ch.row_ptr, static_cast<int>(e0), static_cast<int>(vocab), false)
-                        : neg_inf_vec<T>();
+      v = e0 < vocab ? load_vec<T>(ch.row_ptr, static_cast<int>(e0), static_cast<int>(vocab), false)
+                     : neg_inf_vec<T>();
     }
-    add_chunk<T, false, 1>(st, v, c);
+    float e[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) e[i] = fast_exp2(fmaf(raw_elem<T>(v, i), c, -r));
+#pragma unroll
+    for (int w = kVec / 2; w >= 1; w /= 2)  // the vector's pairwise tree, as add_chunk sums it
+#pragma unroll
+      for (int i = 0; i < w; ++i) e[i] = e[i] + e[i + w];
+    sum += e[0];
   }
-  st = warp_merge<false>(st);
-  if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = make_float2(st.m, st.s);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) sum += __shfl_xor_sync(kFullMask, sum, o);  // every lane adds in one tree
+  if (threadIdx.x % 32 == 0) out[threadIdx.x / 32] = make_float2(m, sum);
 }
 
-// Select: the row's state from its chunks' n stored states (every thread of the block calls it).
-__device__ __forceinline__ SoftmaxState merged_chunk_state(const float2* states, int n, TeamSmem& smem) {
+// Select: the row's state from its chunks' n stored states, by warp 0 (lane l merging states l, l + 32, ... in
+// order, then the warp's butterfly); no block barrier.
+__device__ __forceinline__ SoftmaxState merged_chunk_state(const float2* states, int n) {
   SoftmaxState st = empty_state();
-  for (int i = threadIdx.x; i < n; i += kRowThreads) {
+  for (int i = threadIdx.x; i < n; i += 32) {
     const float2 x = states[i];
     st = merge_state<false>(st, SoftmaxState{x.x, x.y, 0.f});
   }
-  return team_merge<false, kRowThreads>(st, smem);
+  return warp_merge<false>(st);
 }
 
 // The whole-row path: the logp forward's reduction of the row, by its team (threads 0 .. TEAM - 1; the block's
@@ -403,8 +428,12 @@ template <typename T>
 __device__ __forceinline__ void write_raw_logp(const T* row_ptr, int64_t vocab, int64_t row, float c, bool whole,
                                                const float2* states, int splits, TeamSmem& smem,
                                                const int64_t* ids, float* logp) {
-  const SoftmaxState st = whole ? whole_row_state(row_ptr, vocab, c, smem)
-                                : merged_chunk_state(states + row * splits * kCandWarps, splits * kCandWarps, smem);
+  SoftmaxState st;
+  if (whole) {
+    st = whole_row_state(row_ptr, vocab, c, smem);
+  } else if (threadIdx.x < 32) {
+    st = merged_chunk_state(states + row * splits * kCandWarps, splits * kCandWarps);
+  }
   if (threadIdx.x != 0) return;
   const int64_t id = ids[row];  // thread 0 wrote it (the law's writes are thread 0's)
   if (id < 0) return;
@@ -497,14 +526,20 @@ __global__ void __launch_bounds__(kCandThreads, 3)
       if (threadIdx.x == 0) counts[c] = kSkippedChunk;
       __syncthreads();  // the end barrier filter_chunk would have had (the n_cand and stage rotations rely on it)
     } else if (ch.regular) {
+      float raw_max;
       filter_chunk<T, true>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
-                            sm);
+                            sm, raw_max);
       // (reads this thread's own slots only: no barrier; the next chunk's copy into them comes after, in order)
-      if constexpr (kLse) store_chunk_state<T, true>(ch, vocab, cr.c, mine, states + int64_t{c} * kCandWarps);
+      if constexpr (kLse) {
+        store_chunk_state<T, true>(ch, vocab, cr.c, raw_max, mine, states + int64_t{c} * kCandWarps);
+      }
     } else {
+      float raw_max;
       filter_chunk<T, false>(ch, vocab, inv_t, k, mine, out, counts + c, &sm.n_cand[it % 3], rs, publish, search,
-                             sm);
-      if constexpr (kLse) store_chunk_state<T, false>(ch, vocab, cr.c, mine, states + int64_t{c} * kCandWarps);
+                             sm, raw_max);
+      if constexpr (kLse) {
+        store_chunk_state<T, false>(ch, vocab, cr.c, raw_max, mine, states + int64_t{c} * kCandWarps);
+      }
     }
     searched = search;
     search = publish;
@@ -714,9 +749,11 @@ __device__ __forceinline__ KeptStats finish_sorted(const uint64_t* sorted, int n
   return out;
 }
 
+static_assert(kRowCandThreads == kRowThreads, "the candidate list's block is the whole-row path's");
+
 struct SelectSmem {
   union {
-    RadixSmem radix;                 // the whole-row path
+    RowLawSmem law;                  // the whole-row path (row_law)
     uint64_t sorted[kMaxSmemCand];   // the candidates
     TeamSmem team;                   // raw log-probs, after the draw (team_merge's barrier comes before its writes)
   };
@@ -881,8 +918,7 @@ __device__ __forceinline__ bool select_row(const T* __restrict__ logits, int64_t
   uint32_t total;
   const uint32_t before = block_exclusive_scan<kRowThreads>(c, sm.scan, &total);
   if (!fast || overflow || total > kMaxSmemCand) {
-    const KeptStats k = filter_and_draw<kRowThreads, kMode>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
-                                                            args, sm.radix);
+    const KeptStats k = row_law<kMode>(row_ptr, vocab, rset, args, sm.law);
     if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
     return true;
   }
@@ -983,7 +1019,7 @@ __global__ void __launch_bounds__(kRowThreads, 2)
 }
 
 union RowsSmem {
-  RadixSmem radix;
+  RowLawSmem law;
   TeamSmem team;  // raw log-probs, after the draw (team_merge's barrier comes before its writes)
 };
 
@@ -999,8 +1035,7 @@ __global__ void __launch_bounds__(kRowThreads)
   const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
                                       draws_logp(kMode) ? out.logp : nullptr, errors);
   const T* row_ptr = logits + row * row_stride;
-  const KeptStats k = filter_and_draw<kRowThreads, law_mode(kMode)>(
-      RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t}, args, sm.radix);
+  const KeptStats k = row_law<law_mode(kMode)>(row_ptr, vocab, rset, args, sm.law);
   if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
   if constexpr (kMode == kDrawLogpRaw) {
     write_raw_logp(row_ptr, vocab, row, raw_scale(settings, row), true, nullptr, 0, sm.team, ids, out.logp);
