@@ -97,8 +97,13 @@ const char* launch_typed(const T* logits, int64_t rows, int64_t vocab, int64_t r
                          int64_t* ids, const ProcessedOut& out, const ErrorSink& errors, void* workspace,
                          size_t workspace_bytes, cudaStream_t stream) {
   if (!use_fast_path(vocab, s)) {
-    rlkernel_sample_rows<T, kMode><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
-        logits, row_stride, vocab, s, ids, out, errors);
+    if (s.top_k_rows != nullptr || (s.top_k >= 1 && s.top_k <= kMaxRowCandK)) {
+      rlkernel_sample_rows<T, kMode, true><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          logits, row_stride, vocab, s, ids, out, errors);
+    } else {
+      rlkernel_sample_rows<T, kMode, false><<<static_cast<unsigned>(rows), kRowThreads, 0, stream>>>(
+          logits, row_stride, vocab, s, ids, out, errors);
+    }
     return nullptr;
   }
   constexpr bool kLse = kMode == kDrawLogpRaw;  // the candidates kernel also stores each chunk's softmax states

@@ -1018,16 +1018,20 @@ __global__ void __launch_bounds__(kRowThreads, 2)
   }
 }
 
+template <bool kCandList>
 union RowsSmem {
-  RowLawSmem law;
+  std::conditional_t<kCandList, RowLawSmem, RadixSmem> law;
   TeamSmem team;  // raw log-probs, after the draw (team_merge's barrier comes before its writes)
 };
 
-template <typename T, int kMode>
+// kCandList: top-k rows run on their candidate list (row_law); the launcher picks it only where some row can (a
+// scalar 1 <= top_k <= kMaxRowCandK, or a per-row top_k), because the list's code costs the kernel registers (40 ->
+// 64 for <bf16, 1>: 3 -> 2 blocks an SM) that the whole-row law alone (top_p / min_p rows) runs slower without.
+template <typename T, int kMode, bool kCandList>
 __global__ void __launch_bounds__(kRowThreads)
     rlkernel_sample_rows(const T* __restrict__ logits, int64_t row_stride, int64_t vocab, SampleSettings settings,
                          int64_t* ids, ProcessedOut out, ErrorSink errors) {
-  __shared__ RowsSmem sm;
+  __shared__ RowsSmem<kCandList> sm;
   const int64_t row = blockIdx.x;
   const RowSettings rset = row_settings(settings, row, vocab);
   int64_t id = 0;
@@ -1035,7 +1039,14 @@ __global__ void __launch_bounds__(kRowThreads)
   const FilterArgs args = filter_args(rset, settings, vocab, row, kMode != kStats, ids,
                                       draws_logp(kMode) ? out.logp : nullptr, errors);
   const T* row_ptr = logits + row * row_stride;
-  const KeptStats k = row_law<law_mode(kMode)>(row_ptr, vocab, rset, args, sm.law);
+  const KeptStats k = [&] {
+    if constexpr (kCandList) {
+      return row_law<law_mode(kMode)>(row_ptr, vocab, rset, args, sm.law);
+    } else {
+      return filter_and_draw<kRowThreads, law_mode(kMode)>(RowSource<T, kRowThreads>{row_ptr, vocab, rset.inv_t},
+                                                           args, sm.law);
+    }
+  }();
   if (kMode == kStats && threadIdx.x == 0) write_processed(row_ptr, row, id, rset, k, out);
   if constexpr (kMode == kDrawLogpRaw) {
     write_raw_logp(row_ptr, vocab, row, raw_scale(settings, row), true, nullptr, 0, sm.team, ids, out.logp);
