@@ -11,21 +11,16 @@
 set -eu
 case "${1:-}" in -h|--help) sed -n '2,/^set -eu/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 op=${1:?usage: ncu_ops.sh sample B V [DTYPE] [LOGPROBS] | logp N V DTYPE | linear N H V LOGITS EPILOGUE | processed N H V TOP_K TOP_P}
-if [ "$op" = linear ]; then
-  # one forward after warm-up calls, between cudaProfilerStart / Stop: every kernel of that call, ours and cuBLAS's
-  logits=${5:-bf16}; epi=${6:-off}
-  case $logits in bf16) ld=None ;; float32) ld=torch.float32 ;; *) echo "ncu_ops.sh: LOGITS is bf16 or float32" >&2; exit 2 ;; esac
-  case $epi in on) en=True ;; off) en=False ;; *) echo "ncu_ops.sh: EPILOGUE is on or off" >&2; exit 2 ;; esac
-  exec ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats python3 -c "
+# one fused linear_logp forward (bf16 N x H x V, with entropy) after warm-up calls, between cudaProfilerStart / Stop
+linear_script() {  # N H V EXTRA_KWARGS PRELUDE
+  cat <<EOF
 import torch, rlkernel
-from rlkernel.ops.fused import epilogue_gemm
-epilogue_gemm.ENABLED = $en
-n, h, v = ${2:-16384}, ${3:-896}, ${4:-151936}
+$5
+n, h, v = $1, $2, $3
 x = torch.randn(n, h, device='cuda', dtype=torch.bfloat16)
 w = torch.randn(v, h, device='cuda', dtype=torch.bfloat16) / h ** 0.5
 ids = torch.randint(0, v, (n,), device='cuda')
-call = lambda: rlkernel.linear_logp(x, w, ids, return_entropy=True, logits_dtype=$ld, backend='fused', require_fused=True)
+call = lambda: rlkernel.linear_logp(x, w, ids, return_entropy=True, backend='fused', require_fused=True, $4)
 with torch.no_grad():
     for _ in range(3):
         call()
@@ -34,29 +29,22 @@ with torch.no_grad():
     call()
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
-"
+EOF
+}
+if [ "$op" = linear ]; then  # every kernel of the call, ours and cuBLAS's
+  logits=${5:-bf16}; epi=${6:-off}
+  case $logits in bf16) ld=None ;; float32) ld=torch.float32 ;; *) echo "ncu_ops.sh: LOGITS is bf16 or float32" >&2; exit 2 ;; esac
+  case $epi in on) en=True ;; off) en=False ;; *) echo "ncu_ops.sh: EPILOGUE is on or off" >&2; exit 2 ;; esac
+  exec ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats python3 -c "$(linear_script \
+      "${2:-16384}" "${3:-896}" "${4:-151936}" "logits_dtype=$ld" \
+      "from rlkernel.ops.fused import epilogue_gemm; epilogue_gemm.ENABLED = $en")"
 fi
-if [ "$op" = processed ]; then
-  # rlkernel's kernels of one processed forward after warm-up calls (the per-block GEMMs are cuBLAS's, left out)
+if [ "$op" = processed ]; then  # rlkernel's kernels only (the per-block GEMMs are cuBLAS's, left out)
   exec ncu --clock-control none --profile-from-start off -k regex:rlkernel_ --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-    --section SchedulerStats --section InstructionStats python3 -c "
-import torch, rlkernel
-n, h, v = ${2:-16384}, ${3:-4096}, ${4:-128256}
-x = torch.randn(n, h, device='cuda', dtype=torch.bfloat16)
-w = torch.randn(v, h, device='cuda', dtype=torch.bfloat16) / h ** 0.5
-ids = torch.randint(0, v, (n,), device='cuda')
-call = lambda: rlkernel.linear_logp(x, w, ids, top_k=${5:-1024}, top_p=${6:-0.9}, return_entropy=True,
-                                    backend='fused', require_fused=True)
-with torch.no_grad():
-    for _ in range(2):
-        call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-"
+    --section SchedulerStats --section InstructionStats python3 -c "$(linear_script \
+      "${2:-16384}" "${3:-4096}" "${4:-128256}" "top_k=${5:-1024}, top_p=${6:-0.9}" "")"
 fi
 case $op in
   sample) case ${5:-none} in none) lp=False ;; raw) lp=True ;; processed) lp="'processed'" ;;
