@@ -116,3 +116,15 @@ def test_ties_at_the_kth_key_keep_the_lowest_ids_on_the_list_and_past_its_cap(n_
             lp = rlkernel.logp(xc[r].expand(ids.numel(), vocab), ids.cuda(), top_k=k, backend="fused")
             finite[start:start + ids.numel()] = torch.isfinite(lp).cpu()
         assert finite.nonzero().flatten().tolist() == kept
+
+
+def test_masked_rows_with_fewer_finite_logits_than_k_match_float64():
+    # a grammar-style mask: 500 allowed tokens and top_k 1024, so the bound falls to -inf's key and the row takes
+    # the whole-row law at once; beside it a row with 3000 allowed tokens, on the list
+    vocab, g = 128256, torch.Generator().manual_seed(7)
+    x = torch.full((2, vocab), float("-inf"))
+    for r, allowed in enumerate((500, 3000)):
+        where = torch.randperm(vocab, generator=g)[:allowed]
+        x[r, where] = torch.randn(allowed, generator=g) * 2
+    settings = [(1.0, 1024, 0.9, 0.0)] * 2
+    _check_processed(x.cuda(), settings, dict(temperature=1.0, top_k=1024, top_p=0.9), g)

@@ -11,7 +11,8 @@
 //      visited in (integer counts and fixed-point masses, a race broken by id), and the top-k set and everything
 //      the later stages keep lie inside the candidates: the same kept set, the same masses, the same draw, bit for
 //      bit, as on the whole row.
-// A row with more than kRowCandCap candidates (many ties at L) runs the law on the whole row, as before.
+// A row with more than kRowCandCap candidates (many ties at L, or fewer than k tokens above -inf) runs the law on
+// the whole row, as before.
 #pragma once
 
 #include "rlkernel/row_reduce.cuh"  // RawVec, raw_elem
@@ -115,6 +116,9 @@ __device__ int row_candidates(const T* p, int64_t vocab, float inv_t, int64_t k,
       radix_select<kRowCandThreads, false>(KeyArraySource{cs.top, kRowCandThreads * kRowTop}, all, by_key, 32,
                                            static_cast<uint64_t>(k), 0.f, sm)
           .value;
+  // fewer than k tokens above -inf (a masked row): every token would be a candidate, one shared atomic each, to
+  // overflow the list in the end; the whole row at once instead (the same result: a count of V > kRowCandCap)
+  if (bound <= float_key(-INFINITY) && vocab > kRowCandCap) return -1;
   visit_row_vectors<T, kRowCandThreads>(p, vocab, inv_t, [&](uint32_t key, int64_t id) {
     if (key < bound) return;
     const uint32_t slot = atomicAdd(&cs.n, 1u);
