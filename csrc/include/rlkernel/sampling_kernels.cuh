@@ -337,10 +337,10 @@ __device__ __forceinline__ void filter_chunk(const Chunk<T>& ch, int64_t vocab, 
 //    the warp's largest (raw max * c, from the filter's own pass: one exponential a token, no rescaling; a
 //    thread's vectors in order, each by add_chunk's pairwise tree, then the warp's 32 sums by a butterfly) and
 //    stores one state per (chunk, warp); select's warp 0 merges the row's states, lane l taking states l, l + 32,
-//    ... in order, then the warp's butterfly. No second read of the logits from memory. Every step is a function of (V, dtype)
-//    alone: the same bits whichever block filters a chunk, whether its vectors were staged, and in any batch. Not
-//    the logp forward's order (a team of one row's threads walking the whole row), so within a bound of it
-//    (docs/contracts.md, section 1).
+//    ... in order, then the warp's butterfly. No second read of the logits from memory. Every step is a function
+//    of (V, dtype) alone: the same bits whichever block filters a chunk, whether its vectors were staged, and in
+//    any batch. Not the logp forward's order (a team of one row's threads walking the whole row), so within a
+//    bound of it (docs/contracts.md, section 1).
 //  - whole-row path (the row's block reads it anyway, several times): team_row_state with the logp forward's own
 //    team (row_team_threads(V)): its state bit for bit, one more read of the row.
 using SoftmaxState = ::rlkernel::RowState;
