@@ -6,7 +6,8 @@ For each op and shape (issue 17's table), the same call:
   graph    the call replayed from a CUDA graph (calls captured back to back, replayed; CUDA events): GPU time only
   syncs    host syncs per call, counted with torch.cuda.set_sync_debug_mode(1)
 with RLKERNEL_VALIDATE=1 (the default: the device error record) and =0. Medians of --runs runs.
---cpu-only times the Python layer alone on CPU tensors (argument checks and dispatch.resolve, no kernel);
+--cpu-only times the Python layer alone on CPU tensors (argument checks, dispatch.resolve, and sample_fused's own
+Python with the extension's entry stood in for by the allocation of its outputs: no kernel);
 --breakdown times each layer of a fused call on CUDA tensors (host time only).
 
   python benchmarks/bench_overhead.py [--calls 300] [--runs 7] [--cases sample-b1,logp-n256] [--cpu-only | --breakdown]
@@ -14,6 +15,7 @@ with RLKERNEL_VALIDATE=1 (the default: the device error record) and =0. Medians 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -128,15 +130,46 @@ def host_table(title: str, steps: dict, calls: int, runs: int, *, cuda: bool) ->
         print(f"| {name} | {statistics.median(per):.2f} |", flush=True)
 
 
+@contextlib.contextmanager
+def _stand_in_sampler_entries():
+    """sample_fused's extension entries replaced by the allocation of their outputs (an edge a CPU run cannot reach),
+    with RLKERNEL_VALIDATE=0 (the device error record needs CUDA); both restored after."""
+    from rlkernel.ops.fused import sampling as sampling_fused
+
+    saved = {k: getattr(sampling_fused, k) for k in ("_registered", "_SAMPLE_EAGER", "_SAMPLE_PROCESSED_EAGER")}
+    saved_env = os.environ.get("RLKERNEL_VALIDATE")
+    os.environ["RLKERNEL_VALIDATE"] = "0"
+    sampling_fused._registered = True
+    sampling_fused._SAMPLE_EAGER = lambda rows, *a: torch.empty(rows.shape[0], dtype=torch.int64)
+    sampling_fused._SAMPLE_PROCESSED_EAGER = lambda rows, *a: (torch.empty(rows.shape[0], dtype=torch.int64),
+                                                               torch.empty(rows.shape[0]))
+    try:
+        yield sampling_fused.sample_fused
+    finally:
+        for k, v in saved.items():
+            setattr(sampling_fused, k, v)
+        if saved_env is None:
+            os.environ.pop("RLKERNEL_VALIDATE", None)
+        else:
+            os.environ["RLKERNEL_VALIDATE"] = saved_env
+
+
 def cpu_only(calls: int, runs: int) -> None:
-    """The Python layer alone: argument checks and dispatch.resolve, no kernel."""
+    """The Python layer alone: argument checks, dispatch.resolve and sample_fused's own Python, no kernel."""
     x, ids = torch.randn(256, 64), torch.randint(0, 64, (256,))
-    cases = {
-        "check_logp_args": lambda: validate.check_logp_args(x, ids, 1.0, -100),
-        "check_sample_args": lambda: validate.check_sample_args(x, 1.0, 50, 0.9, None),
-        "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
-    }
-    host_table("python layer (CPU tensors, no kernel)", cases, calls, runs, cuda=False)
+    xs = torch.randn(1, V)
+    kw = dict(temperature=1.0, top_k=50, top_p=0.9, generator=None)
+    with _stand_in_sampler_entries() as sample_fused:
+        cases = {
+            "check_logp_args": lambda: validate.check_logp_args(x, ids, 1.0, -100),
+            "check_sample_args": lambda: validate.check_sample_args(x, 1.0, 50, 0.9, None),
+            "dispatch.resolve": lambda: dispatch.resolve("logp.forward", "auto", False, x.device, x.dtype),
+            "sample_fused B=1 (entry stood in, validation off)": lambda: sample_fused(xs, return_logprobs=False, **kw),
+            "sample_fused B=1 processed (stood in, off)": lambda: sample_fused(xs, return_logprobs="processed",
+                                                                                 **kw),
+            "sample_fused B=1 True (stood in, off)": lambda: sample_fused(xs, return_logprobs=True, **kw),
+        }
+        host_table("python layer (CPU tensors, no kernel)", cases, calls, runs, cuda=False)
 
 
 def breakdown(calls: int, runs: int) -> None:

@@ -27,6 +27,13 @@ def as_rows(logits: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def as_lead(t: torch.Tensor | None, lead: torch.Size) -> torch.Tensor | None:
+    """A per-row result ``[N]`` shaped as the caller's leading dims ``lead``; None stays None. With one leading dim
+    (``[N, V]`` logits, the common case) it already is: no view, whose host time (~1-3 us a tensor) a decode step
+    pays per output (``benchmarks/bench_overhead.py``, B = 1)."""
+    return t if t is None or len(lead) == 1 else t.view(lead)
+
+
 def flat_ids(token_ids: torch.Tensor) -> torch.Tensor:
     """The token ids as the kernels read them: int64 [N], contiguous (a view when they already are)."""
     ids = token_ids.reshape(-1)

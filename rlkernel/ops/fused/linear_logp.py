@@ -47,7 +47,7 @@ from rlkernel.ops import precision, second_order, sharded
 from rlkernel.ops.blas import batch_invariant_blas, float32_logits, float32_output_gemm
 from rlkernel.ops.fused import epilogue_gemm
 from rlkernel.ops.fused import linear_logp_options as fused_options
-from rlkernel.ops.rows import as_rows, flat_ids, row_grad
+from rlkernel.ops.rows import as_lead, as_rows, flat_ids, row_grad
 
 TILE_BYTES = 512 << 20  # one GEMM tile of logits (at N=16384, bf16: 16384 columns)
 MAX_BLOCK_ROWS = 16384  # rows per block in the default mode (more rows: several blocks)
@@ -425,5 +425,5 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
             logp, entropy, _, extras = _forward(*operands, *args)
             entropy = entropy if return_entropy else None
             stats = _statistics(extras)
-        out = tuple(t.view(lead) if t is not None else None for t in (logp, entropy, *stats))
+        out = tuple(as_lead(t, lead) for t in (logp, entropy, *stats))
         return out if rows_opt is not None and rows_opt.extras else out[:2]

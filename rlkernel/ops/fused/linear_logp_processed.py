@@ -35,7 +35,7 @@ from rlkernel.ops.fused.linear_logp import TILE_BYTES, _logits_tile, plan
 from rlkernel.ops.linear_logits import cuda_bi_tiles
 from rlkernel.ops.native.linear_logp_processed import KeptSet
 from rlkernel.ops.native.logp_processed import processed_grad, processed_values
-from rlkernel.ops.rows import as_rows, flat_ids, row_grad, split_setting
+from rlkernel.ops.rows import as_lead, as_rows, flat_ids, row_grad, split_setting
 from rlkernel.validate import row_faults
 
 _override_rows: int | None = None  # block rows forced by tests (many blocks on small shapes)
@@ -231,4 +231,4 @@ def linear_logp_processed_fused(hidden, weight, token_ids, *, bias, settings, cs
             c = _Ctx(rows2d, weight_c, bias_c, batch_invariant, logits32)
             logp, entropy, _, _, _ = _forward(c, *args[3:8], token_ids.shape, requested)
             entropy = entropy if return_entropy else None
-        return logp.view(lead), (entropy.view(lead) if entropy is not None else None)
+        return as_lead(logp, lead), as_lead(entropy, lead)

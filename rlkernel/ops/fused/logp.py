@@ -19,7 +19,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.ops import second_order
-from rlkernel.ops.rows import as_rows, eager_entry_ok, flat_ids, report_as_logp_call, row_grad
+from rlkernel.ops.rows import as_lead, as_rows, eager_entry_ok, flat_ids, report_as_logp_call, row_grad
 
 _registered = False
 _FORWARD = None  # torch.ops.rlkernel.logp_forward.default once registered
@@ -131,7 +131,7 @@ def logp_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, temperature: fl
         logp, entropy, _ = _FORWARD(rows, ids, temperature, ignore_index, return_entropy, *report_as,
                                     inplace_backward, requested)
     errors.after_call(logits.device, sync)
-    return logp.view(lead), (entropy.view(lead) if return_entropy else None)
+    return as_lead(logp, lead), (as_lead(entropy, lead) if return_entropy else None)
 
 
 # register as soon as the extension is loaded (now for an in-tree build, else after the first call loads or builds

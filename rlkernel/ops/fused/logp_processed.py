@@ -20,7 +20,7 @@ import torch
 
 from rlkernel import _ext, dispatch, errors
 from rlkernel.ops import second_order
-from rlkernel.ops.rows import as_rows, flat_ids, report_as_logp_call, row_grad, split_setting
+from rlkernel.ops.rows import as_lead, as_rows, flat_ids, report_as_logp_call, row_grad, split_setting
 
 _registered = False
 _FORWARD = None
@@ -100,7 +100,7 @@ def logp_processed_fused(logits: torch.Tensor, token_ids: torch.Tensor, *, tempe
         logp, entropy, _, _ = _FORWARD(rows, ids, float(t), int(k), float(p), float(mp), t_rows, k_rows, p_rows,
                                        mp_rows, ignore_index, return_entropy, *report_as, requested)
     errors.after_call(logits.device, sync)
-    return logp.view(lead), (entropy.view(lead) if return_entropy else None)
+    return as_lead(logp, lead), (as_lead(entropy, lead) if return_entropy else None)
 
 
 # register as soon as the extension is loaded (now for an in-tree build, else after the first call loads or builds

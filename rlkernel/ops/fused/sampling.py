@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from rlkernel import _ext, errors
-from rlkernel.ops.rows import as_rows, eager_entry_ok, int64_arg, split_setting
+from rlkernel.ops.rows import as_lead, as_rows, eager_entry_ok, int64_arg, split_setting
 
 _registered = False
 _SAMPLE = None  # torch.ops.rlkernel.sample.default once registered
@@ -94,9 +94,9 @@ def sample_fused(logits: torch.Tensor, *, temperature, top_k, top_p, min_p=0.0, 
     if return_logprobs:
         op = _SAMPLE_PROCESSED_EAGER if eager else _SAMPLE_PROCESSED
         ids, lp = op(*args, return_logprobs != "processed")  # raw: the unfiltered log-prob
-        ids, lp = ids.view(lead), lp.view(lead)
+        ids, lp = as_lead(ids, lead), as_lead(lp, lead)
     else:
-        ids, lp = (_SAMPLE_EAGER if eager else _SAMPLE)(*args).view(lead), None
+        ids, lp = as_lead((_SAMPLE_EAGER if eager else _SAMPLE)(*args), lead), None
     errors.after_call(logits.device, sync)
     return ids, lp
 
