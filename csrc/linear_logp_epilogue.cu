@@ -155,11 +155,39 @@ class SoftmaxPartialEpilogue {
 
   CUTLASS_DEVICE bool is_source_needed() { return false; }
 
+  // acc: the adapter's own copy of the accumulator fragment (Sm90TmaWarpSpecializedAdapter::store takes it by
+  // value), dead after this call, so the bias and the vocabulary's end are folded into it in place.
   template <class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine, class FrgLayout,
             class TiledMma, class ResidueMNK>
   CUTLASS_DEVICE void operator()(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
-                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
+                                 BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout>& acc,
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
+    using namespace cute;
+    const int N = get<1>(problem_shape_mnkl);
+    const long long tile_end = (static_cast<long long>(get<1>(blk_coord_mnkl)) + 1) * size<1>(blk_shape_mnk);
+    // Every tile but a vocabulary's last, of a head without a bias (the LM heads of Llama, Qwen, ...), skips this:
+    // a column check and a bias add per element inside the fold broke it into one basic block per element (no
+    // instruction-level parallelism, the tensor cores idle behind it). Columns >= N become -inf: weight 0, never
+    // the max, never a target.
+    if (params_.bias != nullptr || tile_end > N) {
+      using TB = typename Cutlass<T>::type;
+      const TB* bias = static_cast<const TB*>(params_.bias);
+      Tensor coords = local_tile(make_identity_tensor(make_shape(get<0>(problem_shape_mnkl), N)),
+                                 take<0, 2>(blk_shape_mnk), make_coord(get<0>(blk_coord_mnkl), get<1>(blk_coord_mnkl)));
+      Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);
+      // two loops: one select of the bias add and the -inf made ptxas hoist the loads and spill
+      if (bias != nullptr) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(acc); ++i) {
+          const int col = get<1>(tc(i));
+          if (col < N) acc(i) += static_cast<float>(bias[col]);
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(acc); ++i) {
+        if (get<1>(tc(i)) >= N) acc(i) = -INFINITY;
+      }
+    }
     // two inlined variants only: four (a bias template too) made ptxas spill in every config
     if (params_.entropy) {
       fold<true>(problem_shape_mnkl, blk_shape_mnk, blk_coord_mnkl, acc, tiled_mma, thread_idx);
@@ -176,8 +204,13 @@ class SoftmaxPartialEpilogue {
   // alone, and the 4 threads of a quad (lanes 4q .. 4q+3) hold the same rows' other columns: each thread folds its
   // columns of each of its rows, then the quad merges by shuffles (xor 1, xor 2). The (row, col) of every element
   // comes from CuTe's partition of an identity tensor, so only this grouping is assumed (static_asserts below).
-  template <bool ENTROPY, class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL, class FrgEngine,
-            class FrgLayout, class TiledMma>
+  //
+  // Loops run columns outside and the thread's rows (2 MMA_M) inside, with kParts partial maxima and sums per row:
+  // at least 4 independent chains per pass, so the adds' latency hides. Partials are added in a fixed order,
+  // so a row's result stays a function of that row alone. The target's logit is picked up off the hot loops, by the
+  // threads whose tile holds it (1 tile in V / 256 per row). acc holds x (bias added, -inf past the vocabulary).
+  template <bool ENTROPY, class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL,
+            class FrgEngine, class FrgLayout, class TiledMma>
   CUTLASS_DEVICE void fold(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
                            BlockCoordMNKL blk_coord_mnkl, cute::Tensor<FrgEngine, FrgLayout> const& acc,
                            TiledMma tiled_mma, int thread_idx) {
@@ -189,7 +222,10 @@ class SoftmaxPartialEpilogue {
     constexpr int kV2 = size<0, 2>(FrgLayout{});
     constexpr int kMM = size<1>(FrgLayout{});
     constexpr int kMN = size<2>(FrgLayout{});
-    using TB = typename Cutlass<T>::type;
+    constexpr int kRows = 2 * kMM;  // this thread's rows, r = 2 mm + v1
+    // partial maxima and sums per row: two (by v0) where the thread has 2 rows, so 4 chains are in flight; one
+    // where it has 4 (the ping-pong config's 128-row warpgroup tile), whose registers are all taken
+    constexpr int kParts = kRows >= 4 ? 1 : 2;
 
     const int M = get<0>(problem_shape_mnkl);
     const int N = get<1>(problem_shape_mnkl);
@@ -199,87 +235,125 @@ class SoftmaxPartialEpilogue {
                                make_coord(m_coord, n_coord));                   // (BLK_M, BLK_N) -> (m, n)
     Tensor tc = tiled_mma.get_thread_slice(thread_idx).partition_C(coords);    // (MMA, MMA_M, MMA_N)
     static_assert(decltype(size(tc))::value == decltype(size(acc))::value, "accumulator / coordinate mismatch");
-    const TB* bias = static_cast<const TB*>(params_.bias);
     const float c = params_.c;
     const int tile_idx = static_cast<int>(n_coord);  // this column tile: the partial's index in its row
+    const int col0 = tile_idx * static_cast<int>(size<1>(blk_shape_mnk));
+    const int col_end = min(N, col0 + static_cast<int>(size<1>(blk_shape_mnk)));
     const bool quad_leader = (threadIdx.x % 4) == 0;
-    // every row's id loaded up front (their latencies overlap), as a 32-bit target column (-1: none in [0, N))
-    int target[kMM][2];
+    // each row's id up front: the loads' latency hides under pass 1, and pass 3 uses them
+    int row_of[kRows];
+    int id_of[kRows];  // the target column, -1 where outside [0, N)
     CUTLASS_PRAGMA_UNROLL
     for (int mm = 0; mm < kMM; ++mm) {
       CUTLASS_PRAGMA_UNROLL
       for (int v1 = 0; v1 < 2; ++v1) {
-        const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
-        const long long id = row < M ? params_.ids[row] : -1;
-        target[mm][v1] = (id >= 0 && id < N) ? static_cast<int>(id) : -1;
+        const int r = 2 * mm + v1;
+        row_of[r] = get<0>(tc(make_coord(make_coord(0, v1, 0), mm, 0)));
+        const long long id = row_of[r] < M ? params_.ids[row_of[r]] : -1;
+        id_of[r] = id >= 0 && id < N ? static_cast<int>(id) : -1;
       }
     }
 
+    // pass 1: the max of x over this thread's columns (times c after: c > 0 and rounding is monotonic, so
+    // max(x) * c = max(x * c), as the fold kernel takes it); max is exact, so partials change nothing
+    float mx[kRows][kParts];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int q = 0; q < kParts; ++q) mx[r][q] = -INFINITY;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int mn = 0; mn < kMN; ++mn) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v2 = 0; v2 < kV2; ++v2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int v0 = 0; v0 < 2; ++v0) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int mm = 0; mm < kMM; ++mm) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int v1 = 0; v1 < 2; ++v1) {
+              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
+              mx[2 * mm + v1][v0 % kParts] = max_nan(mx[2 * mm + v1][v0 % kParts], acc(idx));
+            }
+          }
+        }
+      }
+    }
+    // pass 2: sum-exp (and the entropy term) against each row's reference
+    float neg_ref[kRows];
+    RowState st[kRows];
+    float s[kRows][kParts], t[kRows][kParts];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      st[r].m = (kParts == 2 ? max_nan(mx[r][0], mx[r][kParts - 1]) : mx[r][0]) * c;
+      neg_ref[r] = -state_ref(st[r].m);
+      CUTLASS_PRAGMA_UNROLL
+      for (int q = 0; q < kParts; ++q) s[r][q] = t[r][q] = 0.0f;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int mn = 0; mn < kMN; ++mn) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v2 = 0; v2 < kV2; ++v2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int v0 = 0; v0 < 2; ++v0) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int mm = 0; mm < kMM; ++mm) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int v1 = 0; v1 < 2; ++v1) {
+              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
+              const int r = 2 * mm + v1;
+              const float d = fmaf(acc(idx), c, neg_ref[r]);
+              const float e = fast_exp2(d);
+              s[r][v0 % kParts] += e;
+              if (ENTROPY) t[r][v0 % kParts] = fmaf(e, fmaxf(d, kExpFloor), t[r][v0 % kParts]);
+            }
+          }
+        }
+      }
+    }
+    // pass 3, rare: the target's x, in the threads of the one tile per row that holds it (an id outside [0, N)
+    // in none)
+    float xt[kRows];
     CUTLASS_PRAGMA_UNROLL
     for (int mm = 0; mm < kMM; ++mm) {
       CUTLASS_PRAGMA_UNROLL
       for (int v1 = 0; v1 < 2; ++v1) {
-        const int row = get<0>(tc(make_coord(0, v1, 0), mm, 0));
-        const bool row_ok = row < M;
-        const int id = target[mm][v1];
-        // pass 1: the max of x over this thread's columns (times c after: c > 0 and rounding is monotonic, so
-        // max(x) * c = max(x * c), as the fold kernel takes it), and the target's x
-        float mx = -INFINITY;
-        float xt = 0.0f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int mn = 0; mn < kMN; ++mn) {
+        const int r = 2 * mm + v1;
+        xt[r] = 0.0f;
+        if (id_of[r] >= col0 && id_of[r] < col_end) {
+          const int target = id_of[r];
           CUTLASS_PRAGMA_UNROLL
-          for (int v2 = 0; v2 < kV2; ++v2) {
+          for (int mn = 0; mn < kMN; ++mn) {
             CUTLASS_PRAGMA_UNROLL
-            for (int v0 = 0; v0 < 2; ++v0) {
-              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
-              const int col = get<1>(tc(idx));
-              if (col < N) {
-                const float x = bias ? acc(idx) + static_cast<float>(bias[col]) : acc(idx);
-                mx = max_nan(mx, x);
-                if (col == id) xt = x;
+            for (int v2 = 0; v2 < kV2; ++v2) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int v0 = 0; v0 < 2; ++v0) {
+                const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
+                if (get<1>(tc(idx)) == target) xt[r] = acc(idx);
               }
             }
           }
         }
-        // pass 2: sum-exp (and the entropy term) against this thread's reference
-        mx *= c;
-        const float ref = state_ref(mx);
-        float s = 0.0f, t = 0.0f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int mn = 0; mn < kMN; ++mn) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int v2 = 0; v2 < kV2; ++v2) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int v0 = 0; v0 < 2; ++v0) {
-              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
-              const int col = get<1>(tc(idx));
-              if (col < N) {
-                const float x = bias ? acc(idx) + static_cast<float>(bias[col]) : acc(idx);
-                const float d = fmaf(x, c, -ref);
-                const float e = fast_exp2(d);
-                s += e;
-                if (ENTROPY) t += e * fmaxf(d, kExpFloor);
-              }
-            }
-          }
-        }
-        RowState st{mx, s, t};
-        // the quad's merge: symmetric (merge_state), so all four lanes agree; the target's x is 0 in all but
-        // (at most) one lane, and x + 0 = x
-        CUTLASS_PRAGMA_UNROLL
-        for (int off = 1; off <= 2; off *= 2) {
-          RowState o;
-          o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
-          o.s = __shfl_xor_sync(0xffffffffu, st.s, off);
-          o.t = ENTROPY ? __shfl_xor_sync(0xffffffffu, st.t, off) : 0.0f;
-          st = merge_state<ENTROPY>(st, o);
-          xt += __shfl_xor_sync(0xffffffffu, xt, off);
-        }
-        if (row_ok && quad_leader) {
-          params_.partial[static_cast<long long>(row) * params_.tiles + tile_idx] =
-              make_float4(st.m, st.s, st.t, xt);
-        }
+      }
+    }
+    // the quad's merge: symmetric (merge_state), so all four lanes agree; the target's x is 0 in all but (at
+    // most) one lane, and x + 0 = x
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      st[r].s = kParts == 2 ? s[r][0] + s[r][kParts - 1] : s[r][0];
+      st[r].t = !ENTROPY ? 0.0f : kParts == 2 ? t[r][0] + t[r][kParts - 1] : t[r][0];
+      CUTLASS_PRAGMA_UNROLL
+      for (int off = 1; off <= 2; off *= 2) {
+        RowState o;
+        o.m = __shfl_xor_sync(0xffffffffu, st[r].m, off);
+        o.s = __shfl_xor_sync(0xffffffffu, st[r].s, off);
+        o.t = ENTROPY ? __shfl_xor_sync(0xffffffffu, st[r].t, off) : 0.0f;
+        st[r] = merge_state<ENTROPY>(st[r], o);
+        xt[r] += __shfl_xor_sync(0xffffffffu, xt[r], off);
+      }
+      if (row_of[r] < M && quad_leader) {
+        params_.partial[static_cast<long long>(row_of[r]) * params_.tiles + tile_idx] =
+            make_float4(st[r].m, st[r].s, st[r].t, xt[r]);
       }
     }
   }

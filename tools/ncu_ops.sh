@@ -5,7 +5,8 @@
 #     DTYPE float32 (default) | bfloat16; LOGPROBS none (default) | raw (return_logprobs=True) | processed
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh logp N V DTYPE      # forward only
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh linear N H V LOGITS EPILOGUE   # linear_logp forward, every kernel
-#     (cuBLAS GEMMs included) of one call; LOGITS bf16 | float32; EPILOGUE off | on (the epilogue GEMM, issue 37)
+#     (cuBLAS GEMMs included) of one call; LOGITS bf16 | float32; EPILOGUE off | on | pingpong | cluster (the
+#     epilogue GEMM of issue 37 in its cooperative, ping-pong or 2 x 1 cluster config)
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh processed N H V TOP_K TOP_P   # linear_logp's processed forward
 #     (issue 39), bf16: every rlkernel kernel of one call (the cuBLAS tiles left out)
 set -eu
@@ -34,11 +35,12 @@ EOF
 if [ "$op" = linear ]; then  # every kernel of the call, ours and cuBLAS's
   logits=${5:-bf16}; epi=${6:-off}
   case $logits in bf16) ld=None ;; float32) ld=torch.float32 ;; *) echo "ncu_ops.sh: LOGITS is bf16 or float32" >&2; exit 2 ;; esac
-  case $epi in on) en=True ;; off) en=False ;; *) echo "ncu_ops.sh: EPILOGUE is on or off" >&2; exit 2 ;; esac
+  case $epi in on) en=True; cfg=0 ;; pingpong) en=True; cfg=1 ;; cluster) en=True; cfg=2 ;; off) en=False; cfg=0 ;;
+    *) echo "ncu_ops.sh: EPILOGUE is off, on, pingpong or cluster" >&2; exit 2 ;; esac
   exec ncu --clock-control none --profile-from-start off --section SpeedOfLight --section ComputeWorkloadAnalysis \
-    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats python3 -c "$(linear_script \
-      "${2:-16384}" "${3:-896}" "${4:-151936}" "logits_dtype=$ld" \
-      "from rlkernel.ops.fused import epilogue_gemm; epilogue_gemm.ENABLED = $en")"
+    --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
+    --section LaunchStats python3 -c "$(linear_script "${2:-16384}" "${3:-896}" "${4:-151936}" "logits_dtype=$ld" \
+      "from rlkernel.ops.fused import epilogue_gemm; epilogue_gemm.ENABLED = $en; epilogue_gemm.CONFIG = $cfg")"
 fi
 if [ "$op" = processed ]; then  # rlkernel's kernels only (the per-block GEMMs are cuBLAS's, left out)
   exec ncu --clock-control none --profile-from-start off -k regex:rlkernel_ --section SpeedOfLight \
