@@ -213,7 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=300, help="calls per timed loop (default 300)")
     ap.add_argument("--runs", type=int, default=7, help="runs per figure; the median is reported (default 7)")
     ap.add_argument("--cases", default=",".join(CASES),
-                    help=f"comma-separated, from {', '.join(CASES)} and {', '.join(SAMPLE_CASES)}")
+                    help=f"comma-separated, from {', '.join(dict.fromkeys(CASES + SAMPLE_CASES))} "
+                         f"(default: {', '.join(CASES)})")
     ap.add_argument("--cpu-only", action="store_true", help="time the Python layer alone (no GPU needed)")
     ap.add_argument("--breakdown", action="store_true", help="host time of each layer of a fused call (CUDA)")
     args = ap.parse_args(argv)
