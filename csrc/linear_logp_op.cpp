@@ -183,23 +183,29 @@ void pack(const Tensor& src, Tensor& dst) {
   TORCH_CHECK(err == nullptr, kOp, " pack: ", err);
 }
 
-// The epilogue GEMM (issue 37): logp / entropy / stats of hidden @ weight^T (+ bias) straight from the GEMM's
-// accumulator; partial: float32 scratch of at least n * linear_logp_epilogue_tiles(V) * 4 elements.
-void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
-              Tensor& partial, Tensor& logp, Tensor& entropy, Tensor& stats, double temperature, int64_t ignore_index,
-              int64_t row0, int64_t error_record, int64_t error_seq, int64_t config) {
+// The operands of an epilogue GEMM (issue 37): hidden [N, H] (contiguous last dim) @ weight [V, H]^T (+ bias [V]).
+void check_gemm_operands(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias,
+                         int64_t config) {
   TORCH_CHECK(config >= 0 && config <= 2, kOp, ": epilogue: config must be 0, 1 or 2");
   TORCH_CHECK(hidden.is_cuda() && hidden.dim() == 2 && (hidden.size(1) <= 1 || hidden.stride(1) == 1), kOp,
               ": epilogue: hidden must be CUDA [N, H] with a contiguous last dim");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous() && weight.size(1) == hidden.size(1) &&
               weight.scalar_type() == hidden.scalar_type() && weight.device() == hidden.device(), kOp,
               ": epilogue: weight must be contiguous [V, H], of hidden's dtype and device");
-  const int64_t n = hidden.size(0), vocab = weight.size(0);
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->is_contiguous() && bias->size(0) == vocab &&
+    TORCH_CHECK(bias->dim() == 1 && bias->is_contiguous() && bias->size(0) == weight.size(0) &&
                 bias->scalar_type() == hidden.scalar_type() && bias->device() == hidden.device(), kOp,
                 ": epilogue: bias must be contiguous [V] of hidden's dtype");
   }
+}
+
+// The epilogue GEMM (issue 37): logp / entropy / stats of hidden @ weight^T (+ bias) straight from the GEMM's
+// accumulator; partial: float32 scratch of at least n * linear_logp_epilogue_tiles(V) * 4 elements.
+void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
+              Tensor& partial, Tensor& logp, Tensor& entropy, Tensor& stats, double temperature, int64_t ignore_index,
+              int64_t row0, int64_t error_record, int64_t error_seq, int64_t config) {
+  check_gemm_operands(hidden, weight, bias, config);
+  const int64_t n = hidden.size(0), vocab = weight.size(0);
   check_ids(ids, n, hidden);
   check_f32(logp, n, hidden, "logp");
   check_f32(stats, 2 * n, hidden, "stats");
@@ -235,6 +241,55 @@ void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Te
   TORCH_CHECK(err == nullptr, kOp, " epilogue: ", err);
 }
 
+// The epilogue GEMM's backward of one vocabulary chunk: out [rows, cols] (hidden's dtype) = the gradient of the
+// rows' logp / entropy with respect to the logits hidden @ weight^T (+ bias), weight and bias being the chunk's
+// [cols, H] and [cols]; the first ids.numel() rows have ids, the rest are padding (gradient 0).
+void grad_epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
+                   const Tensor& stats, const std::optional<Tensor>& grad_logp,
+                   const std::optional<Tensor>& grad_entropy, const Tensor& entropy, int64_t col0, int64_t vocab,
+                   double temperature, int64_t ignore_index, Tensor& out, int64_t config) {
+  check_gemm_operands(hidden, weight, bias, config);
+  const int64_t rows = hidden.size(0), cols = weight.size(0), n = ids.numel();
+  TORCH_CHECK(n <= rows, kOp, ": grad_epilogue: more ids than hidden rows");
+  check_ids(ids, n, hidden);
+  check_f32(stats, 2 * n, hidden, "stats");
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == cols && (cols <= 1 || out.stride(1) == 1) &&
+              out.scalar_type() == hidden.scalar_type() && out.device() == hidden.device(), kOp,
+              ": grad_epilogue: out must be [rows, cols] of hidden's dtype, last dim contiguous");
+  TORCH_CHECK(col0 >= 0 && col0 + cols <= vocab, kOp, ": chunk outside the vocabulary");
+  TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
+  c10::DeviceGuard guard(hidden.device());
+  rlkernel::LinearGradEpilogueArgs a{};
+  a.dtype = rlkernel::elem_type_of(hidden, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.grad_logp = optional_rows(grad_logp, n, hidden, &a.grad_logp_stride);
+  a.grad_entropy = optional_rows(grad_entropy, n, hidden, &a.grad_entropy_stride);
+  if (a.grad_entropy != nullptr) {
+    check_f32(entropy, n, hidden, "entropy");
+    a.entropy = entropy.data_ptr<float>();
+  }
+  a.stats = stats.data_ptr<float>();
+  a.hidden = hidden.data_ptr();
+  a.hidden_stride = rows > 1 ? hidden.stride(0) : hidden.size(1);
+  a.weight = weight.data_ptr();
+  a.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = n;
+  a.tile_rows = rows;
+  a.hidden_size = hidden.size(1);
+  a.cols = cols;
+  a.col0 = col0;
+  a.vocab = vocab;
+  a.out = out.data_ptr();
+  a.out_stride = rows > 1 ? out.stride(0) : cols;
+  a.config = static_cast<int>(config);
+  a.device = hidden.device().index();
+  a.stream = rlkernel::current_cuda_stream(hidden.device().index());
+  const char* err = rlkernel::linear_logp_grad_epilogue(a);
+  TORCH_CHECK(err == nullptr, kOp, " grad_epilogue: ", err);
+}
+
 int64_t epilogue_tiles(int64_t vocab, int64_t config) {
   TORCH_CHECK(config >= 0 && config <= 2, kOp, ": epilogue: config must be 0, 1 or 2");
   return rlkernel::linear_logp_epilogue_tiles(vocab, static_cast<int>(config));
@@ -258,6 +313,9 @@ TORCH_LIBRARY_FRAGMENT(rlkernel, m) {
   m.def("linear_logp_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor(a!) partial, "
         "Tensor(b!) logp, Tensor(c!) entropy, Tensor(d!) stats, float temperature, int ignore_index, int row0=0, "
         "int error_record=0, int error_seq=0, int config=0) -> ()");
+  m.def("linear_logp_grad_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor stats, "
+        "Tensor? grad_logp, Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, "
+        "int ignore_index, Tensor(a!) out, int config=0) -> ()");
   m.def("linear_logp_epilogue_tiles(int vocab, int config=0) -> int", &epilogue_tiles);
   m.def("linear_logp_epilogue_built() -> bool", &epilogue_built);
 }
@@ -270,4 +328,5 @@ TORCH_LIBRARY_IMPL(rlkernel, CUDA, m) {
   m.impl("linear_logp_pack", &pack);
   m.impl("linear_logp_bias_rows", &bias_rows);
   m.impl("linear_logp_epilogue", &epilogue);
+  m.impl("linear_logp_grad_epilogue", &grad_epilogue);
 }

@@ -275,6 +275,56 @@ for dt in (torch.bfloat16, torch.float16):
         compare(f"float32 logits {dt} bias={b is not None}", got[True],
                 run("native", h, w, b, ids, gl, ge, logits32=True), 3e-2)
 
+# the gradient epilogue (a float32-logits backward whose recompute GEMM writes the 16-bit gradient, issue 37): its
+# stand-in forms the float32 logits of the chunk it is given and hands them to grad_tile's, so the orchestration's
+# slices (weight and bias chunk, ids, stats and gradient rows, the output view) are what is checked, against the
+# float32 tile path; grad_reason (which needs an sm_90 GPU) is patched to say yes
+from rlkernel.ops.fused import epilogue_gemm  # noqa: E402
+
+lib.define("linear_logp_grad_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor stats, "
+           "Tensor? grad_logp, Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, "
+           "int ignore_index, Tensor(a!) out, int config=0) -> ()")
+grad_epi_calls = []  # (hidden rows, chunk columns, col0) of each call
+
+
+def grad_epilogue(h, w, b, ids, stats, gl, ge, entropy, col0, vocab, T, ign, out, config=0):
+    assert out.dtype == h.dtype and out.shape == (h.shape[0], w.shape[0]), (out.dtype, out.shape, h.shape, w.shape)
+    grad_epi_calls.append((h.shape[0], w.shape[0], col0))
+    tile = (h.double() @ w.double().t() + (b.double() if b is not None else 0.0)).float()
+    grad_tile(tile, ids, stats, gl, ge, entropy, col0, vocab, T, ign, out)
+
+
+lib.impl("linear_logp_grad_epilogue", grad_epilogue, "CPU")
+real_grad_reason = epilogue_gemm.grad_reason
+epilogue_gemm.grad_reason = lambda rows2d, weight, bias, bi, need_b, rows_opt: (
+    "a bias gradient (summed from the float32 tile)" if need_b else None)
+for dt in (torch.bfloat16, torch.float16):
+    h = torch.randn(n, H).to(dt)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(dt)
+    b = (torch.randn(V) * 0.3).to(dt)
+    for bi in (False, True):
+        epilogue_gemm.reset_records()
+        grad_epi_calls.clear()
+        with F.chunking(48, 256):
+            hh, ww = (t.detach().clone().requires_grad_() for t in (h, w))
+            lp, ent = F.linear_logp_fused(hh, ww, ids, bias=b, temperature=0.9, ignore_index=-100,
+                                          return_entropy=True, logits32=True, batch_invariant=bi)
+            (gl * lp + ge * ent).sum().backward()
+        # 4 row blocks x 3 vocabulary chunks (the last 88 columns), each block's rows (48, the last 16; batch-
+        # invariant: every block padded to 48 rows)
+        last = 48 if bi else n - 3 * 48
+        want_calls = [(48 if r < 3 else last, 256 if c < 2 else V - 512, 256 * c) for r in range(4) for c in range(3)]
+        assert grad_epi_calls == want_calls, (dt, bi, grad_epi_calls)
+        assert epilogue_gemm.grad_records() == {("epilogue", ""): 1}, epilogue_gemm.grad_records()
+        want = run("native", h, w, b, ids, gl, ge, logits32=True)[:4] + (None,)
+        compare(f"gradient epilogue {dt} bi={bi}", (lp, ent, hh.grad, ww.grad, None), want, 3e-2)
+    # a bias gradient keeps the float32 tile (its column sums), recorded with the reason
+    epilogue_gemm.reset_records()
+    grad_epi_calls.clear()
+    run("fused", h, w, b, ids, gl, ge, logits32=True)
+    assert not grad_epi_calls and list(epilogue_gemm.grad_records()) == [
+        ("tile", "a bias gradient (summed from the float32 tile)")], epilogue_gemm.grad_records()
+
 # the loss's fused pass vs native, mixed and accumulation modes, masks through the public entry with a patched
 # dispatch
 from rlkernel import dispatch  # noqa: E402
@@ -305,6 +355,23 @@ def fake_resolve(op, backend, require_fused, device, dtype):
 
 
 dispatch.resolve = fake_resolve
+# linear_logp_loss's backward with float32 logits and the gradient epilogue (grad_reason still patched above): one
+# call per token chunk over the whole vocabulary, the bias gradient a GEMM of the 16-bit gradient (no float32 tile)
+for dt in (torch.bfloat16, torch.float16):
+    h = torch.randn(n, H).to(dt)
+    w = (torch.randn(V, H) / math.sqrt(H) * 3).to(dt)
+    b = (torch.randn(V) * 0.3).to(dt)
+    grad_epi_calls.clear()
+    res = {}
+    for backend in ("fused", "native"):
+        hh, ww, bb = (t.clone().requires_grad_() for t in (h, w, b))
+        loss = rlkernel.linear_logp_loss(hh, ww, ids, lambda lp, en, sl: -lp * gl[sl] - 0.1 * en, bias=bb,
+                                         chunk_size=48, backend=backend, logits_dtype=torch.float32)
+        loss.backward()
+        res[backend] = (loss, loss, hh.grad, ww.grad, bb.grad)
+    assert grad_epi_calls == [(48, V, 0)] * 3 + [(n - 144, V, 0)], grad_epi_calls
+    compare(f"loss gradient epilogue {dt}", res["fused"], res["native"], 3e-2)
+epilogue_gemm.grad_reason = real_grad_reason
 adv = torch.randn(n)
 for hd, wd in [(torch.bfloat16, torch.float32), (torch.bfloat16, torch.bfloat16)]:
     h = torch.randn(n, H).to(hd)

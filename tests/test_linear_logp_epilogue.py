@@ -134,18 +134,34 @@ def test_random_inputs_within_the_float32_gemm_error(epi):
     assert_within(ent, rent, tol_ent + dz * (1 + spread), "entropy")
 
 
-def test_gradients_after_the_epilogue_forward_match_float64(epi):
+def took_grad_epilogue(expected: bool) -> None:
+    """The float32-logits backwards took the gradient epilogue (expected) or the float32 tile, and nothing else."""
+    from rlkernel.ops.fused import epilogue_gemm
+
+    rec = epilogue_gemm.grad_records()
+    kernel = "epilogue" if expected else "tile"
+    assert rec and all(k == kernel for k, _ in rec), rec
+
+
+@pytest.mark.parametrize("bias_grad", [True, False], ids=["bias-grad-float32-tile", "gradient-epilogue"])
+def test_gradients_after_the_epilogue_forward_match_float64(epi, bias_grad):
     """The backward after the epilogue forward (the float32-logits backward): gradients vs float64 of the exact
-    product (dyadic inputs: both GEMMs exact), the cuBLAS path's tolerances (tests/test_linear_logp_fused.py)."""
+    product (dyadic inputs: both GEMMs exact), the cuBLAS path's tolerances (tests/test_linear_logp_fused.py).
+    Without a bias gradient the backward's gradient tiles come from the gradient epilogue, with one from the
+    float32 tile and the grad kernel."""
     n, h, v, dtype, t = 150, 128, 3001, torch.bfloat16, 0.8
     hidden, weight, b, ids = make_dyadic(n, h, v, dtype, bias=True, seed=31)
-    leaves = [x.detach().clone().requires_grad_(True) for x in (hidden, weight, b)]
+    ids[5] = v - 1  # a target in the vocabulary's last, partial tile
+    leaves = [x.detach().clone().requires_grad_(True) for x in (hidden, weight)]
+    leaves.append(b.detach().clone().requires_grad_(bias_grad))
     g = torch.Generator(device="cuda").manual_seed(7)
     gl, gh = torch.randn(n, device="cuda", generator=g), torch.randn(n, device="cuda", generator=g)
-    lp, ent = rlkernel.linear_logp(*leaves[:2], ids, bias=leaves[2], temperature=t, return_entropy=True,
-                                   backend="fused")
-    torch.autograd.backward([lp, ent], [gl, gh])
+    with epi.chunking(64, 1024):  # several row blocks and vocabulary chunks, the last chunk partial
+        lp, ent = rlkernel.linear_logp(*leaves[:2], ids, bias=leaves[2], temperature=t, return_entropy=True,
+                                       backend="fused")
+        torch.autograd.backward([lp, ent], [gl, gh])
     took_epilogue()
+    took_grad_epilogue(not bias_grad)
     _, _, _, _, grad = reference(exact_logits(hidden, weight, b), ids, t)
     G, size = grad(gl, gh)
     u = UNIT[dtype]
@@ -154,12 +170,13 @@ def test_gradients_after_the_epilogue_forward_match_float64(epi):
     tol_h = ((3 * u + v * 2.0 ** -24) * (G.abs() @ w64.abs()) + (1e-5 * size + slack) @ w64.abs()
              + u * (G @ w64).abs() + 1e-30)
     assert_within(leaves[0].grad, G @ w64, tol_h, "hidden grad")
-    block, _ = epi.plan(n, v, torch.float32, False)
+    block = 64  # the row blocks of the chunking above
     tol_w = (((2 + math.ceil(n / block)) * u + n * 2.0 ** -24) * (G.abs().t() @ h64.abs())
              + (1e-5 * size + slack).t() @ h64.abs() + u * (G.t() @ h64).abs() + 1e-30)
     assert_within(leaves[1].grad, G.t() @ h64, tol_w, "weight grad")
     tol_b = (2 * u + n * 2.0 ** -24) * G.abs().sum(0) + (1e-5 * size + slack).sum(0) + u * G.sum(0).abs() + 1e-30
-    assert_within(leaves[2].grad, G.sum(0), tol_b, "bias grad")
+    if bias_grad:
+        assert_within(leaves[2].grad, G.sum(0), tol_b, "bias grad")
     assert torch.all(leaves[0].grad[ids == IGNORE] == 0)
 
 
@@ -179,6 +196,30 @@ def test_forward_runs_only_the_two_epilogue_kernels(epi):
     assert any("rlkernel_linear_logp_epilogue_merge_kernel" in nm for nm in kernels), kernels
     assert all("rlkernel_linear_logp_epilogue_" in nm for nm in kernels), kernels
     took_epilogue()
+
+
+def test_backward_with_the_gradient_epilogue_writes_no_float32_tile(epi):
+    """The backward's kernels: the gradient epilogue GEMM, cuBLAS's dW / dH GEMMs and the cast kernel; no recompute
+    GEMM of cuBLAS's into a float32 tile and no grad kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden, weight, b, ids = make(256, 128, 5000, torch.bfloat16, seed=3)
+    leaves = [x.detach().clone().requires_grad_(True) for x in (hidden, weight)]
+
+    def step():
+        lp, ent = rlkernel.linear_logp(*leaves, ids, bias=b, return_entropy=True, backend="fused")
+        (lp.sum() + ent.sum()).backward()
+
+    step()  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert any("rlkernel_linear_logp_grad_epilogue_gemm_kernel" in nm for nm in names), names
+    assert not any("rlkernel_linear_logp_grad_kernel" in nm for nm in names), names
+    took_epilogue()
+    took_grad_epilogue(True)
 
 
 def test_forward_memory_is_the_partials_not_the_logits(epi):
@@ -292,6 +333,7 @@ def test_linear_logp_loss_forward_half(epi, monkeypatch):
     epilogue_gemm.reset_records()
     got, got_g = run(True, True)
     took_epilogue()
+    took_grad_epilogue(True)  # the loss's bias gradient is a GEMM of the 16-bit gradient: no float32 tile needed
     want, want_g = run(False, True)
     # dyadic inputs: both paths fold the same exact float32 logits; per token the two logp / entropy kernels differ
     # by their tolerances (~4e-5 + 2e-6 |value|), weighted by |adv| and 0.01

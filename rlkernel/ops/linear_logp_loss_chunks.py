@@ -148,9 +148,15 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         reason, bias_mode = float32_output_gemm(h.device, h.dtype)
         if reason is not None:  # blas.float32_fallback records this as a fallback before the fused path is chosen
             raise RuntimeError(f"{OP}: float32 logits unavailable: {reason}")
-    # the workspace (none for the epilogue GEMM without a gradient)
-    buf = torch.empty((c if need_grad or not epilogue else 0, vocab), dtype=torch.float32 if logits32 else h.dtype,
-                      device=h.device)
+    # the backward's gradient epilogue: the 16-bit gradient straight from the recompute's accumulator
+    grad_epi = False
+    if need_grad and logits32 and h.dtype != torch.float32:
+        gwhy = epilogue_gemm.grad_reason(h, weight, bias, False, False, rows_opt)
+        epilogue_gemm.record_grad("tile" if gwhy else "epilogue", gwhy or "")
+        grad_epi = gwhy is None
+    # the workspace (none for the epilogue GEMMs)
+    buf = torch.empty((c if (need_grad and not grad_epi) or not epilogue else 0, vocab),
+                      dtype=torch.float32 if logits32 else h.dtype, device=h.device)
     # float32 logits: their gradient rounded once to the inputs' dtype, the operand of the dH / dW / db GEMMs
     gbuf = torch.empty((c, vocab), dtype=h.dtype, device=h.device) if logits32 and need_grad else None
     ones = torch.ones((c,), dtype=h.dtype, device=h.device) if need_b else None
@@ -177,16 +183,21 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
         total.add_(loss)
         if need_grad:
             with op_range(RANGE):
-                if epilogue:  # the recompute: the float32 logits whose softmax the forward folded
-                    _chunk_logits(hc, wt, bias, logits, bias_mode)
-                if rows_opt is not None:  # logits := G, through the softcap the forward applied to them
-                    fused_options.grad(rows_opt, logits, e - s, idc, s, e, stats, g_lp, g_en, ent, 0, vocab,
-                                       spec.ignore_index, capped=True)
-                else:
-                    backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)  # logits := G
-                if gbuf is not None:
-                    torch.ops.rlkernel.linear_logp_cast(logits, gbuf[:e - s])
+                if grad_epi:  # G of the recomputed float32 logits, rounded once, from the GEMM's epilogue
                     logits = gbuf[:e - s]
+                    epilogue_gemm.grad_tile(hc, weight, bias, idc, stats, g_lp, g_en, ent, 0, vocab,
+                                            spec.temperature, spec.ignore_index, logits)
+                else:
+                    if epilogue:  # the recompute: the float32 logits whose softmax the forward folded
+                        _chunk_logits(hc, wt, bias, logits, bias_mode)
+                    if rows_opt is not None:  # logits := G, through the softcap the forward applied to them
+                        fused_options.grad(rows_opt, logits, e - s, idc, s, e, stats, g_lp, g_en, ent, 0, vocab,
+                                           spec.ignore_index, capped=True)
+                    else:  # logits := G
+                        backward(g_lp, g_en, logits, idc, stats, ent, spec.temperature, spec.ignore_index)
+                    if gbuf is not None:
+                        torch.ops.rlkernel.linear_logp_cast(logits, gbuf[:e - s])
+                        logits = gbuf[:e - s]
                 if need_h:
                     torch.mm(logits, weight, out=dh[s:e])
                 if need_w and acc_mode is not None:

@@ -74,6 +74,28 @@ struct LinearEpilogueArgs {
   void* stream;
 };
 
+// The epilogue GEMM's backward of one vocabulary chunk: the logits' gradient of hidden @ weight_chunk^T (+ bias),
+// from the forward's stats, rounded once to the inputs' dtype into out; no logits tile. Rows past n_rows are
+// padding (gradient 0).
+struct LinearGradEpilogueArgs : RowGradArgs {  // dtype (bfloat16 / float16), T, ignore_index, g_l, g_H, entropy, stats
+  const void* hidden;        // [tile_rows, hidden_size], row stride hidden_stride, 16-byte aligned
+  int64_t hidden_stride;
+  const void* weight;        // [cols, hidden_size]: the chunk's rows of the weight, contiguous, 16-byte aligned
+  const void* bias;          // [cols] (the chunk's) or nullptr
+  const int64_t* ids;        // [n_rows]
+  int64_t n_rows;
+  int64_t tile_rows;         // >= n_rows
+  int64_t hidden_size;
+  int64_t cols;
+  int64_t col0;              // the chunk's first vocabulary column
+  int64_t vocab;             // the whole vocabulary
+  void* out;                 // [tile_rows, cols] of dtype, row stride out_stride, last dim contiguous
+  int64_t out_stride;
+  int config;                // as LinearEpilogueArgs::config
+  int device;
+  void* stream;
+};
+
 // Each returns nullptr on success, else a static message.
 const char* linear_logp_fold(const LinearFoldArgs& args);
 const char* linear_logp_grad(const LinearGradArgs& args);
@@ -82,6 +104,7 @@ bool linear_logp_epilogue_built();
 int64_t linear_logp_epilogue_tile_n(int config);             // vocabulary columns per partial
 int64_t linear_logp_epilogue_tiles(int64_t vocab, int config);  // partials per row
 const char* linear_logp_epilogue(const LinearEpilogueArgs& args);
+const char* linear_logp_grad_epilogue(const LinearGradEpilogueArgs& args);
 // out[c] (+)= sum over rows of tile[r, c] (float32), deterministic; partial: [linear_logp_colsum_blocks(n_rows), cols].
 int64_t linear_logp_colsum_blocks(int64_t n_rows);
 const char* linear_logp_colsum(const void* tile, int64_t row_stride, int64_t n_rows, int64_t cols, ElemType dtype,

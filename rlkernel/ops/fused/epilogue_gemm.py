@@ -9,6 +9,10 @@ csrc/linear_logp_epilogue.cu).
 - ``ENABLED`` (default False until measured on the H200) switches it on; ``reason`` says why a call does not take it
   (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
 - Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
+- The backward of a float32-logits forward (the epilogue GEMM's, or ``logits_dtype=torch.float32``'s) takes the
+  gradient epilogue where ``grad_reason`` allows (``GRAD``): per vocabulary chunk one GEMM whose epilogue writes the
+  16-bit gradient of the logits (``rlkernel_linear_logp_grad_epilogue_gemm_kernel``), the dW / dH GEMMs' operand, in
+  place of a float32 logits tile, the grad kernel's read of it and its launch. Recorded in ``grad_records()``.
 """
 from __future__ import annotations
 
@@ -28,17 +32,25 @@ BATCH_INVARIANT = True
 # warpgroups alternate so one's epilogue hides under the other's mainloop; 2 config 0 in 2 x 1 clusters (TMA
 # multicast of the weight tile). 1 and 2 are built for bfloat16 only (float16 runs 0).
 CONFIG = 0
+# the backward's gradient epilogue (with ENABLED): False keeps the float32 tile + grad kernel backward
+GRAD = True
 PARTIAL_BYTES = 256 << 20  # the [rows, tiles] float4 partials of one launch
 _MIN_BLOCK = 128  # the GEMM's tile M
 _DTYPES = (torch.bfloat16, torch.float16)
 
 _lock = threading.Lock()
 _records: collections.Counter = collections.Counter()  # (kernel, reason) -> calls: "epilogue" / "cublas"
+_grad_records: collections.Counter = collections.Counter()  # the backwards': "epilogue" / "tile" (float32 tile)
 
 
 def record(kernel: str, why: str = "") -> None:
     with _lock:
         _records[(kernel, why)] += 1
+
+
+def record_grad(kernel: str, why: str = "") -> None:
+    with _lock:
+        _grad_records[(kernel, why)] += 1
 
 
 def records() -> dict[tuple[str, str], int]:
@@ -47,9 +59,17 @@ def records() -> dict[tuple[str, str], int]:
         return dict(_records)
 
 
+def grad_records() -> dict[tuple[str, str], int]:
+    """How many float32-logits backwards took the gradient epilogue ("epilogue") or the float32 tile and grad
+    kernel ("tile"), and why: {(kernel, reason): calls}."""
+    with _lock:
+        return dict(_grad_records)
+
+
 def reset_records() -> None:
     with _lock:
         _records.clear()
+        _grad_records.clear()
 
 
 def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bool, need_backward: bool) -> str | None:
@@ -85,6 +105,18 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     return None
 
 
+def grad_reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bool, need_b: bool,
+                rows_opt) -> str | None:
+    """None where the gradient epilogue computes a float32-logits backward's gradient tiles; else why not."""
+    if not GRAD:
+        return "switched off (rlkernel.ops.fused.epilogue_gemm.GRAD)"
+    if rows_opt is not None:
+        return "per-row temperature / softcap (the option kernels)"
+    if need_b:
+        return "a bias gradient (summed from the float32 tile)"
+    return reason(rows2d, weight, bias, batch_invariant, need_backward=False)
+
+
 def config_for(dtype: torch.dtype) -> int:
     return CONFIG if dtype == torch.bfloat16 else 0
 
@@ -117,3 +149,12 @@ def forward(rows2d, weight, bias, ids, temperature, ignore_index, return_entropy
             entropy[r0:r1] if return_entropy else entropy, stats[r0:r1], float(temperature), int(ignore_index),
             row0 + r0, address, seq, config)
     return logp, entropy, stats
+
+
+def grad_tile(h, weight_chunk, bias_chunk, ids, stats, grad_logp, grad_entropy, entropy, col0, vocab, temperature,
+              ignore_index, out):
+    """out [rows, cols] (h's dtype) = the gradient of the rows' logp / entropy with respect to the chunk's logits
+    h @ weight_chunk.T (+ bias_chunk), from the forward's stats; rows of h past len(ids) are padding (0)."""
+    torch.ops.rlkernel.linear_logp_grad_epilogue(
+        h, weight_chunk, bias_chunk, ids, stats, grad_logp, grad_entropy, entropy, col0, vocab, float(temperature),
+        int(ignore_index), out, config_for(h.dtype))

@@ -19,7 +19,9 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   (16-bit operands, float32 accumulation). With a bias gradient (its column sums read the float32 gradient) and with
   the option kernels, the grad kernel works in place on the float32 tile and ``rlkernel_linear_logp_cast_kernel``
   rounds it afterwards: the same bits, one more pass. ``plan`` sizes the tile by its float32 elements (half the
-  columns).
+  columns). Where the epilogue GEMM runs and no bias gradient or option kernel is asked for
+  (``epilogue_gemm.grad_reason``), the recompute and the grad kernel are one Hopper GEMM whose epilogue writes the
+  16-bit gradient chunk from its float32 accumulator (``epilogue_gemm.grad_tile``): no float32 tile at all.
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
@@ -268,7 +270,14 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     m = block if batch_invariant else min(block, n)
     dw = torch.empty(weight.shape, dtype=acc_dtype, device=dev) if need_w else None
     db = torch.empty(vocab, dtype=out_dtypes[1] or dtype, device=dev) if need_b else None  # from float32 db32
-    tile_buf = torch.empty(m * cols, dtype=tile_dtype, device=dev)
+    # float32 logits of 16-bit inputs: each chunk's 16-bit gradient straight from the recompute GEMM's epilogue,
+    # where it runs (no float32 tile, no grad kernel)
+    grad_epi = False
+    if tile_dtype != dtype and (need_w or need_h):
+        why = epilogue_gemm.grad_reason(rows2d, weight, bias, batch_invariant, need_b, rows_opt)
+        epilogue_gemm.record_grad("tile" if why else "epilogue", why or "")
+        grad_epi = why is None
+    tile_buf = None if grad_epi else torch.empty(m * cols, dtype=tile_dtype, device=dev)
     # float32 logits: the gradient tile rounded once to the inputs' dtype, the dW / dH GEMMs' operand
     grad_buf = torch.empty(m * cols, dtype=dtype, device=dev) if tile_dtype != dtype and (need_w or need_h) else None
     # written by the grad kernel itself (GRAD_INTO_16BIT), except where the float32 gradient is read afterwards: the
@@ -295,25 +304,28 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
     for r0, r1 in _blocks(n, block):
         h = _block_hidden(rows2d, r0, r1, packed)
         rows = r1 - r0
+        gl = None if grad_logp is None else grad_logp[r0:r1]
+        ge = None if grad_entropy is None else grad_entropy[r0:r1]
+        ent = entropy[r0:r1] if entropy.numel() else entropy
         for c0, c1 in _chunks(vocab, cols):
-            tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
-            _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
-            g = tile if grad_buf is None else grad_buf[: tile.numel()].view(tile.shape)
-            if rows_opt is None:
-                torch.ops.rlkernel.linear_logp_grad_tile(
-                    tile, ids[r0:r1], stats[r0:r1], None if grad_logp is None else grad_logp[r0:r1],
-                    None if grad_entropy is None else grad_entropy[r0:r1],
-                    entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, temperature, ignore_index,
-                    g if direct16 else None)
+            if grad_epi:
+                g = grad_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
+                epilogue_gemm.grad_tile(h, weight[c0:c1], None if bias is None else bias[c0:c1], ids[r0:r1],
+                                        stats[r0:r1], gl, ge, ent, c0, vocab, temperature, ignore_index, g)
             else:
-                fused_options.grad(rows_opt, tile, rows, ids[r0:r1], r0, r1, stats[r0:r1],
-                                   None if grad_logp is None else grad_logp[r0:r1],
-                                   None if grad_entropy is None else grad_entropy[r0:r1],
-                                   entropy[r0:r1] if entropy.numel() else entropy, c0, vocab, ignore_index)
-            if need_b:  # from the float32 tile with float32 logits
-                torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
-            if grad_buf is not None and not direct16:
-                torch.ops.rlkernel.linear_logp_cast(tile, g)
+                tile = tile_buf[: h.shape[0] * (c1 - c0)].view(h.shape[0], c1 - c0)
+                _logits_tile(h, weight, bias, c0, c1, tile, bias_mode)
+                g = tile if grad_buf is None else grad_buf[: tile.numel()].view(tile.shape)
+                if rows_opt is None:
+                    torch.ops.rlkernel.linear_logp_grad_tile(tile, ids[r0:r1], stats[r0:r1], gl, ge, ent, c0, vocab,
+                                                             temperature, ignore_index, g if direct16 else None)
+                else:
+                    fused_options.grad(rows_opt, tile, rows, ids[r0:r1], r0, r1, stats[r0:r1], gl, ge, ent, c0,
+                                       vocab, ignore_index)
+                if need_b:  # from the float32 tile with float32 logits
+                    torch.ops.rlkernel.linear_logp_colsum(tile, rows, partial, db32[c0:c1], r0 > 0)
+                if grad_buf is not None and not direct16:
+                    torch.ops.rlkernel.linear_logp_cast(tile, g)
             if need_w and w_mode is not None:
                 _accumulate_w(dw[c0:c1], g.t(), h, r0 == 0, w_mode, tmp_w)
             elif need_w:
