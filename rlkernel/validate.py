@@ -15,6 +15,7 @@ import torch
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _LOG2E = 1.4426950408889634  # the fused kernels scale by log2(e) / T: it must stay finite too
 _F32_MAX = torch.finfo(torch.float32).max
+_F32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
 
 
 def position_in(flat: int, shape) -> tuple[int, ...]:
@@ -94,8 +95,8 @@ def _int64(name: str, value) -> int:
 
 
 def check_temperature(temperature, allow_zero: bool) -> float:
-    """A finite T > 0 (>= 0 for sample) whose scale log2(e) / T is a finite float32, the type the fused kernels scale
-    in and logp returns: 1e-45 would turn finite logits into -inf/NaN."""
+    """A finite T > 0 (>= 0 for sample) whose scale log2(e) / T is a finite, normal float32, the type the fused
+    kernels scale in and logp returns: 1e-45 would turn finite logits into -inf/NaN, and 1e39 every logit into 0."""
     t = _real("temperature", temperature)
     low_ok = t >= 0.0 if allow_zero else t > 0.0
     if not (low_ok and t < math.inf):  # also rejects NaN
@@ -103,6 +104,9 @@ def check_temperature(temperature, allow_zero: bool) -> float:
         raise ValueError(f"temperature must be a finite number {bound}, got {temperature}")
     if t > 0.0 and _LOG2E / t > _F32_MAX:
         raise ValueError(f"temperature {temperature} is too small: 1/temperature overflows float32")
+    if t > 0.0 and _LOG2E / t < _F32_TINY:  # the kernels flush a subnormal scale to 0: every logit x 0, and -inf x 0 = NaN
+        raise ValueError(f"temperature {temperature} is too large: log2(e)/temperature is below float32's smallest "
+                         "normal number")
     return t
 
 

@@ -279,6 +279,20 @@ def test_decision_float64_temperature_underflowing_float32_is_refused():
     assert rlkernel.sample(x, temperature=ok, seed=1).tolist()[1:] == x.argmax(-1).tolist()[1:]
 
 
+def test_temperature_whose_scale_is_not_a_normal_float32_is_refused():
+    """log2(e) / T below float32's smallest normal number: the kernels flush it to 0 (every logit times 0, a -inf
+    padding column NaN), so such a T is refused before any work, as one whose scale overflows is."""
+    x = torch.randn(3, 10, generator=torch.Generator().manual_seed(6))
+    ids = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"temperature 1e\+39 is too large"):
+        rlkernel.logp(x, ids, temperature=1e39)
+    with pytest.raises(ValueError, match="too large"):
+        rlkernel.sample(x, temperature=1e39)
+    with pytest.raises(ValueError, match="too large"):
+        rlkernel.linear_logp(torch.randn(3, 4), torch.randn(10, 4), ids, temperature=1e39)
+    assert rlkernel.logp(x, ids, temperature=1e30).isfinite().all()  # 1.4e-30: a normal float32 scale
+
+
 @pytest.mark.gpu
 @requires_cuda
 @pytest.mark.parametrize("backend", CUDA_BACKENDS)
