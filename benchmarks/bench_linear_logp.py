@@ -57,12 +57,14 @@ Each time is the median of --repeat runs, each timed by its own pair of CUDA eve
 are reset outside the events. TFLOP/s counts 2NHV per GEMM's worth of model work (forward 1, forward+backward 3).
 Peak extra memory: the allocator's peak during one run minus what was allocated before it, less the returned
 gradients (hidden and weight) and the outputs. RLKERNEL_VALIDATE=0 while timing is not needed: nothing here syncs.
---epilogue (off / on / pingpong / cluster / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and bi-*
-methods with the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``): "on" its cooperative config
-(rows METHOD+epi), "pingpong" its ping-pong config (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "cluster" the
-cooperative one in 2 x 1 clusters (``CONFIG = 2``, bf16; rows METHOD+epi-c2), "both" the cuBLAS path and "on", "all"
-the four; a row whose call did not take it says why in its note. Its ncu profile (tensor pipe, SM and DRAM
-throughput), beside the cuBLAS path's:
+--epilogue (off / on / pingpong / cluster / tile / both / all, default off): rlkernel's fwd, fwdbwd, fwdbwd-dtacc and
+bi-* methods with the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; its backward's gradient
+epilogue, ``GRAD``, on): "on" its cooperative config (rows METHOD+epi), "pingpong" its ping-pong config
+(``CONFIG = 1``, bf16; rows METHOD+epi-pp), "cluster" the cooperative one in 2 x 1 clusters (``CONFIG = 2``, bf16;
+rows METHOD+epi-c2), "tile" the cooperative one with the gradient epilogue off (``GRAD = False``: the backward's
+float32 tile and grad kernel; rows METHOD+epi-tile), "both" the cuBLAS path and "on", "all" all five; a row whose
+call did not take the epilogue GEMM or its gradient epilogue says why in its note. Its ncu profile (tensor pipe, SM
+and DRAM throughput), beside the cuBLAS path's:
     ncu --kernel-name regex:'rlkernel_linear_logp_epilogue|nvjet|gemm|rlkernel_linear_logp_fold' --launch-skip 3 \
         --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         python benchmarks/bench_linear_logp.py --shapes 16384x896x151936 --methods matmul,fwd --epilogue both \
@@ -97,8 +99,12 @@ TEMPERATURE = 1.0  # --temperature sets it
 SOFTCAP, LOGIT_SCALE = 30.0, 0.0625  # --softcap, --logit-scale set them
 LOGITS_DTYPES = {"bf16": None, "default": None, "float32": torch.float32}
 EPILOGUE_METHODS = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd")  # --epilogue applies to these
-EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "cluster": (2,), "both": (None, 0),
-                    "all": (None, 0, 1, 2)}  # None: the cuBLAS path, else the epilogue GEMM's config
+EPILOGUE_CHOICES = {"off": (None,), "on": (0,), "pingpong": (1,), "cluster": (2,), "tile": ("tile",),
+                    "both": (None, 0), "all": (None, 0, 1, 2, "tile")}
+# None: the cuBLAS path; 0 / 1 / 2: the epilogue GEMM in that config; "tile": config 0 with its gradient epilogue
+# off (the backward's float32 tile and grad kernel, as before it): (CONFIG, GRAD, row suffix, --epilogue value)
+EPILOGUE_RUNS = {None: (0, True, "", "off"), 0: (0, True, "+epi", "on"), 1: (1, True, "+epi-pp", "pingpong"),
+                 2: (2, True, "+epi-c2", "cluster"), "tile": (0, False, "+epi-tile", "tile")}
 WITH_LOGITS_DTYPE = ("fwd", "fwdbwd", "fwdbwd-dtacc", "bi-fwd", "bi-fwdbwd", "torch-fwd", "torch-fwdbwd",
                      "native-fwdbwd", "fwdbwd-accin", "fwd-mask", "fwdbwd-mask", *OPTION_METHODS, *PROCESSED_METHODS)
 
@@ -436,7 +442,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="CSV path (default reports/bench_linear_logp-<UTC time>.csv)")
     p.add_argument("--list-kernels", action="store_true", help="print the kernels of one fused call and exit")
     p.add_argument("--epilogue", default="off", choices=list(EPILOGUE_CHOICES),
-                   help="rlkernel's fwd/fwdbwd/bi-* methods with the epilogue GEMM (issue 37): off, on, both")
+                   help="rlkernel's fwd/fwdbwd/bi-* methods with the epilogue GEMM (issue 37): off (default), on "
+                        "(cooperative), pingpong, cluster, tile (cooperative, gradient epilogue off), both (off + on), "
+                        "all")
     try:
         args = p.parse_args(argv)
         methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -494,15 +502,16 @@ def main(argv=None) -> int:
                                  for ln in (logits_names if m in WITH_LOGITS_DTYPE
                                             else [args.dtype.replace("bfloat16", "bf16")])
                                  for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))]:
-                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epi is not None, epi or 0
+                config, grad, suffix, flag = EPILOGUE_RUNS[epi]
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD = epi is not None, config, grad
                 epilogue_gemm.reset_records()
-                label = name + {None: "", 0: "+epi", 1: "+epi-pp", 2: "+epi-c2"}[epi]
+                label = name + suffix
                 run, prep, gemms, subtract, note = _method(name, case, LOGITS_DTYPES.get(lname))
                 shape_txt = f"{n}x{h}x{v}"
                 cmd = (f"python benchmarks/bench_linear_logp.py --shapes {shape_txt} --methods matmul,{name} "
                        f"--dtype {args.dtype} --repeat {args.repeat} --logits-dtype {lname} "
                        f"--temperature {TEMPERATURE} --weight-scale {args.weight_scale}"
-                       + {None: "", 0: " --epilogue on", 1: " --epilogue pingpong", 2: " --epilogue cluster"}[epi])
+                       + ("" if epi is None else f" --epilogue {flag}"))
                 blank = dict(shape=shape_txt, method=label, logits_dtype=lname, ms="", x_matmul="", tflops="",
                              extra_gb="", logp_err="", entropy_err="")
                 if run is None:
@@ -559,6 +568,9 @@ def main(argv=None) -> int:
                 missed = sorted({why for (kernel, why) in epilogue_gemm.records() if kernel == "cublas"})
                 if epi is not None and missed:
                     note = f"epilogue GEMM not taken: {'; '.join(missed)}; {note}"
+                grad_missed = sorted({why for (kernel, why) in epilogue_gemm.grad_records() if kernel == "tile"})
+                if epi is not None and grad and grad_missed:
+                    note = f"gradient epilogue not taken: {'; '.join(grad_missed)}; {note}"
                 if name.startswith("proc-"):
                     note = _processed_note(name, lname, ms, times)
                 if name == "liger" and note == "sum":
@@ -568,7 +580,7 @@ def main(argv=None) -> int:
                 rows.append(dict(blank, ms=f"{ms:.4f}", x_matmul=f"{ratio:.4f}", tflops=f"{tflops:.1f}",
                                  extra_gb=f"{extra / 1e9:.4f}", logp_err=fmt(e_lp), entropy_err=fmt(e_ent),
                                  note=note, command=cmd))
-        epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = False, 0
+        epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD = False, 0, True
         del case, exact
         torch.cuda.empty_cache()
     with open(out, "w", newline="") as f:

@@ -9,9 +9,11 @@ Methods (each a row; the reproduction command is printed beside it):
 - ``loss``: ``rlkernel.linear_logp_loss(..., backend="fused")`` with a GRPO clipped objective + entropy bonus as
   loss_fn, then ``loss.backward()`` (hidden and weight require grad): three GEMMs per chunk;
 - ``loss-native``: the same call with ``backend="native"`` (chunked PyTorch);
-- ``loss-epi``, ``fwd-loss-epi`` / ``fwd-loss``: ``loss`` with the epilogue GEMM's forward (issue 37,
-  ``rlkernel.ops.fused.epilogue_gemm.ENABLED``; the backward recomputes the chunk's float32 logits), and the loss
-  without gradients (forward half only) with and without it; ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
+- ``loss-epi``, ``fwd-loss-epi`` / ``fwd-loss``: ``loss`` with the epilogue GEMM (issue 37,
+  ``rlkernel.ops.fused.epilogue_gemm.ENABLED``: its forward, and its gradient epilogue in the backward, which writes
+  the chunk's 16-bit gradient from the recompute GEMM), and the loss without gradients (forward half only) with and
+  without it; ``loss-epi-tile``: ``loss-epi`` with the gradient epilogue off (``GRAD = False``: the backward's float32
+  logits buffer and grad kernel); ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
   config (``CONFIG = 1``, bf16); ``loss-epi-c2``, ``fwd-loss-epi-c2``: its 2 x 1 cluster config (``CONFIG = 2``);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).
@@ -35,8 +37,8 @@ from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside t
 
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
-METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "fwd-loss", "fwd-loss-epi", "loss-epi-pp",
-           "fwd-loss-epi-pp", "loss-epi-c2", "fwd-loss-epi-c2")
+METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "loss-epi-tile", "fwd-loss", "fwd-loss-epi",
+           "loss-epi-pp", "fwd-loss-epi-pp", "loss-epi-c2", "fwd-loss-epi-c2")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
 
 
@@ -88,12 +90,12 @@ def make_methods(n, h, v, dtype, args):
 
     out["matmul"] = (mm, mm_prep)
 
-    def loss(backend, epilogue=False, grad=True, config=0):
+    def loss(backend, epilogue=False, grad=True, config=0, grad_epilogue=True):
         from rlkernel.ops.fused import epilogue_gemm
 
         def run():
-            saved = epilogue_gemm.ENABLED, epilogue_gemm.CONFIG
-            epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = epilogue, config
+            saved = epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD
+            epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD = epilogue, config, grad_epilogue
             try:
                 with torch.set_grad_enabled(grad):
                     out = rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature,
@@ -101,12 +103,13 @@ def make_methods(n, h, v, dtype, args):
                     if grad:
                         out.backward()
             finally:
-                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG = saved
+                epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD = saved
         return run, reset
 
     out["loss"] = loss("fused")
     out["loss-native"] = loss("native")
     out["loss-epi"] = loss("fused", epilogue=True)
+    out["loss-epi-tile"] = loss("fused", epilogue=True, grad_epilogue=False)
     out["fwd-loss"] = loss("fused", grad=False)
     out["fwd-loss-epi"] = loss("fused", epilogue=True, grad=False)
     out["loss-epi-pp"] = loss("fused", epilogue=True, config=1)
