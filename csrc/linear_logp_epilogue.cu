@@ -247,8 +247,12 @@ const char* gemm_operands(const void* hidden, int64_t hidden_stride, const void*
     return launch::last_error();
   }
   if (major != 9 || minor != 0) return "epilogue GEMM: needs a compute capability 9.0 GPU (sm_90a)";
-  if (m >= (int64_t{1} << 31) || n >= (int64_t{1} << 31) || k % 8 != 0 || hidden_stride % 8 != 0) {
-    return "epilogue GEMM: shape outside the kernel (N, V < 2^31; H and the row stride multiples of 8)";
+  // int coordinates in the epilogues, a tile past the last column included: N, V <= 2^31 - 257; k > 0 (a GEMM
+  // with no k-block would wait on a stage its producer never fills)
+  constexpr int64_t kMaxMN = (int64_t{1} << 31) - 257;
+  if (m > kMaxMN || n > kMaxMN || k <= 0 || k % 8 != 0 || hidden_stride % 8 != 0) {
+    return "epilogue GEMM: shape outside the kernel (N, V < 2^31 - 256; H > 0 and H and the row stride multiples "
+           "of 8)";
   }
   if ((reinterpret_cast<uintptr_t>(hidden) | reinterpret_cast<uintptr_t>(weight)) % 16 != 0) {
     return "epilogue GEMM: hidden and weight must be 16-byte aligned (TMA)";

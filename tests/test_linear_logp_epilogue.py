@@ -199,8 +199,8 @@ def test_forward_runs_only_the_two_epilogue_kernels(epi):
 
 
 def test_backward_with_the_gradient_epilogue_writes_no_float32_tile(epi):
-    """The backward's kernels: the gradient epilogue GEMM, cuBLAS's dW / dH GEMMs and the cast kernel; no recompute
-    GEMM of cuBLAS's into a float32 tile and no grad kernel."""
+    """The backward runs the gradient epilogue GEMM and not the grad kernel (the float32 tile's reader), and its
+    record says so."""
     from torch.profiler import ProfilerActivity, profile
 
     hidden, weight, b, ids = make(256, 128, 5000, torch.bfloat16, seed=3)

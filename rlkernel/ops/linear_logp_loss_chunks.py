@@ -150,7 +150,7 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
             raise RuntimeError(f"{OP}: float32 logits unavailable: {reason}")
     # the backward's gradient epilogue: the 16-bit gradient straight from the recompute's accumulator
     grad_epi = False
-    if need_grad and logits32 and h.dtype != torch.float32:
+    if need_grad and n and logits32 and h.dtype != torch.float32:
         gwhy = epilogue_gemm.grad_reason(h, weight, bias, False, False, rows_opt)
         epilogue_gemm.record_grad("tile" if gwhy else "epilogue", gwhy or "")
         grad_epi = gwhy is None

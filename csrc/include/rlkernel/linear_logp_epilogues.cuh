@@ -83,8 +83,8 @@ struct AdapterEpilogue {
     return cutlass::Status::kSuccess;
   }
   template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return args.ids != nullptr;
+  static bool can_implement(ProblemShape const&, Arguments const&) {
+    return true;
   }
 
   CUTLASS_HOST_DEVICE explicit AdapterEpilogue(Params const& params, SharedStorage const& = SharedStorage())
@@ -125,6 +125,12 @@ template <typename T>
 class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
  public:
   using AdapterEpilogue<EpiloguePartialParams>::AdapterEpilogue;
+
+  // every row has an id and a row of partials (the gradient's may be all padding: no ids)
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return args.ids != nullptr && args.partial != nullptr;
+  }
 
   // acc: the adapter's own copy of the accumulator fragment (Sm90TmaWarpSpecializedAdapter::store takes it by
   // value), dead after this call, so the bias and the vocabulary's end are folded into it in place.
@@ -376,11 +382,11 @@ class SoftmaxGradEpilogue : public AdapterEpilogue<EpilogueGradParams> {
         const bool fill = ignored || bad;
         const float fill_value = ignored ? 0.0f : NAN;
         const float neg_base = -(k.ref + k.log2s);
-        const long long local = id - p.col0;
         // the target as an offset from this thread's first column: each element's offset is then a constant (no
         // add per element for the compare); INT_MIN where no column of this row in the tile is the target
         const int col_base = get<1>(tc(0));
-        const int target = (!fill && local >= 0 && local < N) ? static_cast<int>(local) - col_base : INT_MIN;
+        int target = INT_MIN;
+        if (!fill && id >= p.col0 && id < p.col0 + N) target = static_cast<int>(id - p.col0) - col_base;
         unsigned short* out_row = static_cast<unsigned short*>(p.out) + static_cast<long long>(row) * p.out_stride;
         CUTLASS_PRAGMA_UNROLL
         for (int mn = 0; mn < kMN; ++mn) {

@@ -94,8 +94,8 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
         return "weight or bias not contiguous"
     if rows2d.data_ptr() % 16 or weight.data_ptr() % 16:
         return "hidden or weight not 16-byte aligned (TMA)"
-    if n >= 2 ** 31 or weight.shape[0] >= 2 ** 31:
-        return "N or V >= 2^31"
+    if n > 2 ** 31 - 257 or weight.shape[0] > 2 ** 31 - 257:  # the kernel's int coordinates, one tile past V
+        return "N or V >= 2^31 - 256"
     if need_backward:
         from rlkernel.ops.blas import float32_output_gemm
 
