@@ -9,39 +9,15 @@
 #include <optional>
 
 #include "rlkernel/linear_logp_api.h"
+#include "linear_logp_checks.h"
 #include "torch_elem_type.h"
 
 namespace {
 
 using at::Tensor;
 
-constexpr const char* kOp = "rlkernel linear_logp";
+using namespace rlkernel::linear_logp_checks;  // kOp, check_tile, check_f32, check_ids, optional_rows, ...
 
-void check_tile(const Tensor& tile) {
-  TORCH_CHECK(tile.is_cuda(), kOp, ": the tile must be a CUDA tensor");
-  TORCH_CHECK(tile.dim() == 2 && (tile.size(1) <= 1 || tile.stride(1) == 1),
-              kOp, ": the tile must be [rows, cols] with a contiguous last dim");
-  TORCH_CHECK(tile.size(0) < (int64_t{1} << 31) && tile.size(1) < (int64_t{1} << 31), kOp, ": tile too large");
-}
-
-void check_f32(const Tensor& t, int64_t numel, const Tensor& like, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == numel && t.device() == like.device(),
-              kOp, ": ", what, " must be contiguous float32 with ", numel, " elements on the tile's device");
-}
-
-void check_ids(const Tensor& ids, int64_t n, const Tensor& like) {
-  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == n &&
-              ids.device() == like.device(), kOp, ": token_ids must be contiguous int64 [", n, "]");
-}
-
-const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tensor& like, int64_t* stride) {
-  *stride = 0;
-  if (!g.has_value()) return nullptr;
-  TORCH_CHECK(g->scalar_type() == at::kFloat && g->dim() == 1 && g->size(0) == n && g->device() == like.device(),
-              kOp, ": row gradients must be float32 [N] on the tile's device");
-  *stride = g->stride(0);
-  return g->data_ptr<float>();
-}
 
 // The fields LinearFoldArgs and LinearGradArgs share (same names, same meaning): the tile and its rows' ids, the
 // chunk's place in the vocabulary, T, ignore_index and the stream. n: the rows with an id.
@@ -107,19 +83,12 @@ void grad_tile(Tensor& tile, const Tensor& ids, const Tensor& stats, const std::
   const int64_t n = ids.numel();
   TORCH_CHECK(n <= tile.size(0), kOp, ": more ids than tile rows");
   check_ids(ids, n, tile);
-  check_f32(stats, 2 * n, tile, "stats");
   TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
   c10::DeviceGuard guard(tile.device());
   rlkernel::LinearGradArgs a{};
   fill_tile(a, tile, ids, n, col0, vocab, temperature, ignore_index);
   a.tile_rows = tile.size(0);
-  a.grad_logp = optional_rows(grad_logp, n, tile, &a.grad_logp_stride);
-  a.grad_entropy = optional_rows(grad_entropy, n, tile, &a.grad_entropy_stride);
-  if (a.grad_entropy != nullptr) {
-    check_f32(entropy, n, tile, "entropy");
-    a.entropy = entropy.data_ptr<float>();
-  }
-  a.stats = stats.data_ptr<float>();
+  fill_row_grads(a, grad_logp, grad_entropy, entropy, stats, n, tile);
   if (out.has_value()) {
     a.out = out->data_ptr();
     a.out_stride = out->stride(0);
@@ -252,7 +221,6 @@ void grad_epilogue(const Tensor& hidden, const Tensor& weight, const std::option
   const int64_t rows = hidden.size(0), cols = weight.size(0), n = ids.numel();
   TORCH_CHECK(n <= rows, kOp, ": grad_epilogue: more ids than hidden rows");
   check_ids(ids, n, hidden);
-  check_f32(stats, 2 * n, hidden, "stats");
   TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == cols && (cols <= 1 || out.stride(1) == 1) &&
               out.scalar_type() == hidden.scalar_type() && out.device() == hidden.device(), kOp,
               ": grad_epilogue: out must be [rows, cols] of hidden's dtype, last dim contiguous");
@@ -263,13 +231,7 @@ void grad_epilogue(const Tensor& hidden, const Tensor& weight, const std::option
   a.dtype = rlkernel::elem_type_of(hidden, kOp);
   a.temperature = temperature;
   a.ignore_index = ignore_index;
-  a.grad_logp = optional_rows(grad_logp, n, hidden, &a.grad_logp_stride);
-  a.grad_entropy = optional_rows(grad_entropy, n, hidden, &a.grad_entropy_stride);
-  if (a.grad_entropy != nullptr) {
-    check_f32(entropy, n, hidden, "entropy");
-    a.entropy = entropy.data_ptr<float>();
-  }
-  a.stats = stats.data_ptr<float>();
+  fill_row_grads(a, grad_logp, grad_entropy, entropy, stats, n, hidden);
   a.hidden = hidden.data_ptr();
   a.hidden_stride = rows > 1 ? hidden.stride(0) : hidden.size(1);
   a.weight = weight.data_ptr();

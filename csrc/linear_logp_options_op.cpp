@@ -10,39 +10,14 @@
 #include <optional>
 
 #include "rlkernel/linear_logp_options_api.h"
+#include "linear_logp_checks.h"
 #include "torch_elem_type.h"
 
 namespace {
 
 using at::Tensor;
 
-constexpr const char* kOp = "rlkernel linear_logp";
-
-void check_tile(const Tensor& tile) {
-  TORCH_CHECK(tile.is_cuda(), kOp, ": the tile must be a CUDA tensor");
-  TORCH_CHECK(tile.dim() == 2 && (tile.size(1) <= 1 || tile.stride(1) == 1),
-              kOp, ": the tile must be [rows, cols] with a contiguous last dim");
-  TORCH_CHECK(tile.size(0) < (int64_t{1} << 31) && tile.size(1) < (int64_t{1} << 31), kOp, ": tile too large");
-}
-
-void check_f32(const Tensor& t, int64_t numel, const Tensor& like, const char* what) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.numel() == numel && t.device() == like.device(),
-              kOp, ": ", what, " must be contiguous float32 with ", numel, " elements on the tile's device");
-}
-
-void check_ids(const Tensor& ids, int64_t n, const Tensor& like) {
-  TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous() && ids.size(0) == n &&
-              ids.device() == like.device(), kOp, ": token_ids must be contiguous int64 [", n, "]");
-}
-
-const float* optional_rows(const std::optional<Tensor>& g, int64_t n, const Tensor& like, int64_t* stride) {
-  *stride = 0;
-  if (!g.has_value()) return nullptr;
-  TORCH_CHECK(g->scalar_type() == at::kFloat && g->dim() == 1 && g->size(0) == n && g->device() == like.device(),
-              kOp, ": row gradients must be float32 [N] on the tile's device");
-  *stride = g->stride(0);
-  return g->data_ptr<float>();
-}
+using namespace rlkernel::linear_logp_checks;  // kOp, check_tile, check_f32, check_ids, optional_rows, ...
 
 template <class Args>
 void fill_tile(Args& a, const Tensor& tile, const Tensor& ids, int64_t n, int64_t col0, int64_t vocab,
@@ -132,19 +107,12 @@ void grad_rows(Tensor& tile, const Tensor& ids, const Tensor& row_t, const Tenso
   TORCH_CHECK(n <= tile.size(0), kOp, ": more ids than tile rows");
   check_ids(ids, n, tile);
   check_f32(row_t, n, tile, "row_t");
-  check_f32(stats, 2 * n, tile, "stats");
   TORCH_CHECK(softcap <= 0.0 || tile.scalar_type() == at::kFloat, kOp, ": a softcapped tile must be float32");
   c10::DeviceGuard guard(tile.device());
   rlkernel::LinearGradArgs a{};
   fill_tile(a, tile, ids, n, col0, vocab, ignore_index);
   a.tile_rows = tile.size(0);
-  a.grad_logp = optional_rows(grad_logp, n, tile, &a.grad_logp_stride);
-  a.grad_entropy = optional_rows(grad_entropy, n, tile, &a.grad_entropy_stride);
-  if (a.grad_entropy != nullptr) {
-    check_f32(entropy, n, tile, "entropy");
-    a.entropy = entropy.data_ptr<float>();
-  }
-  a.stats = stats.data_ptr<float>();
+  fill_row_grads(a, grad_logp, grad_entropy, entropy, stats, n, tile);
   const char* err = rlkernel::linear_logp_grad_rows(a, row_t.data_ptr<float>(), softcap, logit_scale);
   TORCH_CHECK(err == nullptr, kOp, " grad_rows: ", err);
 }

@@ -120,6 +120,31 @@ CUTLASS_DEVICE void add_bias(Acc& acc, const Coords& tc, const void* bias_ptr, i
   }
 }
 
+// f(idx, r, v0) on each element of a GMMA accumulator fragment (layout FrgLayout: ((2, 2, N/8), MMA_M, MMA_N)),
+// columns outside and the thread's rows (r = 2 MMA_M + v1) inside, so consecutive calls feed different rows' chains;
+// v0 is the element's place in its pair of adjacent columns. Fully unrolled: idx, r and v0 are constants.
+template <class FrgLayout, class F>
+CUTLASS_DEVICE void for_each_column_then_row(F&& f) {
+  using namespace cute;
+  constexpr int kV2 = size<0, 2>(FrgLayout{});
+  constexpr int kMM = size<1>(FrgLayout{});
+  constexpr int kMN = size<2>(FrgLayout{});
+  CUTLASS_PRAGMA_UNROLL
+  for (int mn = 0; mn < kMN; ++mn) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int v2 = 0; v2 < kV2; ++v2) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int v0 = 0; v0 < 2; ++v0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int mm = 0; mm < kMM; ++mm) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int v1 = 0; v1 < 2; ++v1) f(make_coord(make_coord(v0, v1, v2), mm, mn), 2 * mm + v1, v0);
+        }
+      }
+    }
+  }
+}
+
 // The forward's epilogue: per (row, column tile) softmax partials (EpiloguePartialParams), no logit written.
 template <typename T>
 class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
@@ -222,23 +247,9 @@ class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kParts; ++q) mx[r][q] = -INFINITY;
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int mn = 0; mn < kMN; ++mn) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int v2 = 0; v2 < kV2; ++v2) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int v0 = 0; v0 < 2; ++v0) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int mm = 0; mm < kMM; ++mm) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int v1 = 0; v1 < 2; ++v1) {
-              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
-              mx[2 * mm + v1][v0 % kParts] = max_nan(mx[2 * mm + v1][v0 % kParts], acc(idx));
-            }
-          }
-        }
-      }
-    }
+    for_each_column_then_row<FrgLayout>([&](auto idx, int r, int v0) {
+      mx[r][v0 % kParts] = max_nan(mx[r][v0 % kParts], acc(idx));
+    });
     // pass 2: sum-exp (and the entropy term) against each row's reference
     float neg_ref[kRows];
     RowState st[kRows];
@@ -250,51 +261,25 @@ class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kParts; ++q) s[r][q] = t[r][q] = 0.0f;
     }
-    CUTLASS_PRAGMA_UNROLL
-    for (int mn = 0; mn < kMN; ++mn) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int v2 = 0; v2 < kV2; ++v2) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int v0 = 0; v0 < 2; ++v0) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int mm = 0; mm < kMM; ++mm) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int v1 = 0; v1 < 2; ++v1) {
-              const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
-              const int r = 2 * mm + v1;
-              const float d = fmaf(acc(idx), c, neg_ref[r]);
-              const float e = fast_exp2(d);
-              s[r][v0 % kParts] += e;
-              if (ENTROPY) t[r][v0 % kParts] = fmaf(e, fmaxf(d, kExpFloor), t[r][v0 % kParts]);
-            }
-          }
-        }
-      }
-    }
-    // pass 3, rare: the target's x, in the threads of the one tile per row that holds it (an id outside [0, N)
-    // in none)
+    for_each_column_then_row<FrgLayout>([&](auto idx, int r, int v0) {
+      const float d = fmaf(acc(idx), c, neg_ref[r]);
+      const float e = fast_exp2(d);
+      s[r][v0 % kParts] += e;
+      if (ENTROPY) t[r][v0 % kParts] = fmaf(e, fmaxf(d, kExpFloor), t[r][v0 % kParts]);
+    });
+    // pass 3, rare: the target's x, in the threads of the one tile per row that holds it (an id outside [0, N) is
+    // -1, in no tile; a column >= N is never an id)
     float xt[kRows];
+    bool holds_target = false;
     CUTLASS_PRAGMA_UNROLL
-    for (int mm = 0; mm < kMM; ++mm) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int v1 = 0; v1 < 2; ++v1) {
-        const int r = 2 * mm + v1;
-        xt[r] = 0.0f;
-        if (id_of[r] >= col0 && id_of[r] < col_end) {
-          const int target = id_of[r];
-          CUTLASS_PRAGMA_UNROLL
-          for (int mn = 0; mn < kMN; ++mn) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int v2 = 0; v2 < kV2; ++v2) {
-              CUTLASS_PRAGMA_UNROLL
-              for (int v0 = 0; v0 < 2; ++v0) {
-                const auto idx = make_coord(make_coord(v0, v1, v2), mm, mn);
-                if (get<1>(tc(idx)) == target) xt[r] = acc(idx);
-              }
-            }
-          }
-        }
-      }
+    for (int r = 0; r < kRows; ++r) {
+      xt[r] = 0.0f;
+      holds_target |= id_of[r] >= col0 && id_of[r] < col_end;
+    }
+    if (holds_target) {
+      for_each_column_then_row<FrgLayout>([&](auto idx, int r, int) {
+        if (get<1>(tc(idx)) == id_of[r]) xt[r] = acc(idx);
+      });
     }
     // the quad's merge: symmetric (merge_state), so all four lanes agree; the target's x is 0 in all but (at
     // most) one lane, and x + 0 = x
