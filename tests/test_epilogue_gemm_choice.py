@@ -1,0 +1,65 @@
+"""rlkernel.ops.fused.epilogue_gemm's choice of kernel, the part a CPU reaches (issue 37): why a forward or a
+backward does not take the epilogue GEMM, in the order the checks run, and the records that count the choices.
+The GPU side (the kernels, and every reason that needs a CUDA device) is tests/test_linear_logp_epilogue.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlkernel.ops.fused import epilogue_gemm
+
+
+@pytest.fixture
+def switches(monkeypatch):
+    """The module's switches as the tests set them, restored after; the records reset before and after."""
+    monkeypatch.setattr(epilogue_gemm, "ENABLED", False)
+    monkeypatch.setattr(epilogue_gemm, "GRAD", True)
+    epilogue_gemm.reset_records()
+    yield monkeypatch
+    epilogue_gemm.reset_records()
+
+
+def operands(dtype=torch.bfloat16):
+    return torch.zeros(4, 16, dtype=dtype), torch.zeros(32, 16, dtype=dtype)
+
+
+def test_forward_reason_says_switched_off_first(switches):
+    h, w = operands(torch.float32)
+    assert epilogue_gemm.reason(h, w, None, False, True) == "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
+    switches.setattr(epilogue_gemm, "ENABLED", True)
+    assert epilogue_gemm.reason(h, w, None, False, True) == "torch.float32 inputs (bfloat16 / float16 only)"
+    switches.setattr(epilogue_gemm, "BATCH_INVARIANT", False)
+    h16, w16 = operands()
+    assert "batch_invariant=True" in epilogue_gemm.reason(h16, w16, None, True, True)
+
+
+def test_gradient_epilogue_reasons_come_before_the_forward_ones(switches):
+    """GRAD off, the option kernels and a bias gradient are the backward's own reasons, each named; without them
+    the answer is the forward's reason for the same operands (no float32-output GEMM question: the gradient
+    epilogue replaces it)."""
+    h, w = operands()
+    switches.setattr(epilogue_gemm, "GRAD", False)
+    assert epilogue_gemm.grad_reason(h, w, None, False, False, None) == (
+        "switched off (rlkernel.ops.fused.epilogue_gemm.GRAD)")
+    switches.setattr(epilogue_gemm, "GRAD", True)
+    assert epilogue_gemm.grad_reason(h, w, None, False, False, object()) == (
+        "per-row temperature / softcap (the option kernels)")
+    assert epilogue_gemm.grad_reason(h, w, None, False, True, None) == (
+        "a bias gradient (summed from the float32 tile)")
+    assert epilogue_gemm.grad_reason(h, w, None, False, False, None) == epilogue_gemm.reason(h, w, None, False, False)
+    switches.setattr(epilogue_gemm, "ENABLED", True)
+    h32, w32 = operands(torch.float32)
+    assert epilogue_gemm.grad_reason(h32, w32, None, False, False, None) == (
+        "torch.float32 inputs (bfloat16 / float16 only)")
+
+
+def test_records_count_forwards_and_backwards_apart(switches):
+    epilogue_gemm.record("cublas", "why")
+    epilogue_gemm.record("cublas", "why")
+    epilogue_gemm.record_grad("tile", "a bias gradient (summed from the float32 tile)")
+    epilogue_gemm.record_grad("epilogue")
+    assert epilogue_gemm.records() == {("cublas", "why"): 2}
+    assert epilogue_gemm.grad_records() == {("tile", "a bias gradient (summed from the float32 tile)"): 1,
+                                            ("epilogue", ""): 1}
+    epilogue_gemm.reset_records()
+    assert epilogue_gemm.records() == {} and epilogue_gemm.grad_records() == {}
