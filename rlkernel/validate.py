@@ -104,9 +104,10 @@ def check_temperature(temperature, allow_zero: bool) -> float:
         raise ValueError(f"temperature must be a finite number {bound}, got {temperature}")
     if t > 0.0 and _LOG2E / t > _F32_MAX:
         raise ValueError(f"temperature {temperature} is too small: 1/temperature overflows float32")
-    if t > 0.0 and _LOG2E / t < _F32_TINY:  # the kernels flush a subnormal scale to 0: every logit x 0, and -inf x 0 = NaN
-        raise ValueError(f"temperature {temperature} is too large: log2(e)/temperature is below float32's smallest "
-                         "normal number")
+    # the kernels flush a subnormal scale to 0: every logit times 0, and -inf times 0 is NaN
+    if t > 0.0 and _LOG2E / t < _F32_TINY:
+        raise ValueError(f"temperature {temperature} is too large: log2(e)/temperature is below float32's "
+                         "smallest normal number")
     return t
 
 
