@@ -70,6 +70,10 @@ def main(steps: int) -> None:
     rank = f"rank {dist.get_rank()} of {world}: " if dist is not None else ""
     print(f"phases_job: {rank}{steps} steps on {device}, last loss {loss.item():.6f}", flush=True)
     if dist is not None:
+        # both ranks past their last collective before either tears gloo down: a rank that destroyed its group while
+        # its peer still held the connection aborted in gloo's teardown ("terminate called without an active
+        # exception", once in a CPU tox run)
+        dist.barrier()
         dist.destroy_process_group()
 
 
