@@ -62,9 +62,9 @@ bi-* methods with the epilogue GEMM (issue 37: ``rlkernel.ops.fused.epilogue_gem
 epilogue, ``GRAD``, on): "on" its cooperative config (rows METHOD+epi), "pingpong" its ping-pong config
 (``CONFIG = 1``, bf16; rows METHOD+epi-pp), "cluster" the cooperative one in 2 x 1 clusters (``CONFIG = 2``, bf16;
 rows METHOD+epi-c2), "tile" the cooperative one with the gradient epilogue off (``GRAD = False``: the backward's
-float32 tile and grad kernel; rows METHOD+epi-tile), "both" the cuBLAS path and "on", "all" all five; a row whose
-call did not take the epilogue GEMM or its gradient epilogue says why in its note. Its ncu profile (tensor pipe, SM
-and DRAM throughput), beside the cuBLAS path's:
+float32 tile and grad kernel; rows METHOD+epi-tile, backward methods only), "both" the cuBLAS path and "on", "all"
+all five; a row whose call did not take the epilogue GEMM or its gradient epilogue says why in its note. Its ncu
+profile (tensor pipe, SM and DRAM throughput), beside the cuBLAS path's:
     ncu --kernel-name regex:'rlkernel_linear_logp_epilogue|nvjet|gemm|rlkernel_linear_logp_fold' --launch-skip 3 \
         --launch-count 6 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         python benchmarks/bench_linear_logp.py --shapes 16384x896x151936 --methods matmul,fwd --epilogue both \
@@ -501,7 +501,8 @@ def main(argv=None) -> int:
         for name, lname, epi in [(m, ln, e) for m in methods
                                  for ln in (logits_names if m in WITH_LOGITS_DTYPE
                                             else [args.dtype.replace("bfloat16", "bf16")])
-                                 for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))]:
+                                 for e in (EPILOGUE_CHOICES[args.epilogue] if m in EPILOGUE_METHODS else (None,))
+                                 if e != "tile" or "bwd" in m]:  # GRAD only changes a backward
                 config, grad, suffix, flag = EPILOGUE_RUNS[epi]
                 epilogue_gemm.ENABLED, epilogue_gemm.CONFIG, epilogue_gemm.GRAD = epi is not None, config, grad
                 epilogue_gemm.reset_records()
