@@ -222,19 +222,21 @@ const char* launch_gemm(const GemmOperands& g, const typename Epi<T>::Params& ep
   return launch::last_error();
 }
 
-template <typename T, class Config>
-const char* launch_forward(const GemmOperands& g, const EpiloguePartialParams& ep) {
-  using K = typename epilogue_gemm::Gemm<T, Config, epilogue_gemm::SoftmaxPartialEpilogue>::Kernel;
-  return launch_gemm<T, Config, epilogue_gemm::SoftmaxPartialEpilogue>(
-      g, ep, &rlkernel_linear_logp_epilogue_gemm_kernel<K>);
-}
-
-template <typename T, class Config>
-const char* launch_backward(const GemmOperands& g, const EpilogueGradParams& ep) {
-  using K = typename epilogue_gemm::Gemm<T, Config, epilogue_gemm::SoftmaxGradEpilogue>::Kernel;
-  return launch_gemm<T, Config, epilogue_gemm::SoftmaxGradEpilogue>(
-      g, ep, &rlkernel_linear_logp_grad_epilogue_gemm_kernel<K>);
-}
+// The two epilogues' launches, as dispatch's Launch<T, Config>::run: each kernel under its own rlkernel_* name.
+template <typename T, class Config> struct Forward {
+  static const char* run(const GemmOperands& g, const EpiloguePartialParams& ep) {
+    using K = typename epilogue_gemm::Gemm<T, Config, epilogue_gemm::SoftmaxPartialEpilogue>::Kernel;
+    return launch_gemm<T, Config, epilogue_gemm::SoftmaxPartialEpilogue>(
+        g, ep, &rlkernel_linear_logp_epilogue_gemm_kernel<K>);
+  }
+};
+template <typename T, class Config> struct Backward {
+  static const char* run(const GemmOperands& g, const EpilogueGradParams& ep) {
+    using K = typename epilogue_gemm::Gemm<T, Config, epilogue_gemm::SoftmaxGradEpilogue>::Kernel;
+    return launch_gemm<T, Config, epilogue_gemm::SoftmaxGradEpilogue>(
+        g, ep, &rlkernel_linear_logp_grad_epilogue_gemm_kernel<K>);
+  }
+};
 
 // The checks both entry points share; nullptr where the GEMM can run, else why not. Fills g's device fields.
 const char* gemm_operands(const void* hidden, int64_t hidden_stride, const void* weight, int64_t m, int64_t n,
@@ -276,12 +278,6 @@ const char* dispatch(ElemType dtype, int config, const GemmOperands& g, const P&
   }
   return "epilogue GEMM: bfloat16 / float16 inputs only";
 }
-template <typename T, class Config> struct Forward {
-  static const char* run(const GemmOperands& g, const EpiloguePartialParams& ep) { return launch_forward<T, Config>(g, ep); }
-};
-template <typename T, class Config> struct Backward {
-  static const char* run(const GemmOperands& g, const EpilogueGradParams& ep) { return launch_backward<T, Config>(g, ep); }
-};
 
 }  // namespace
 #endif  // RLKERNEL_HAS_CUTLASS

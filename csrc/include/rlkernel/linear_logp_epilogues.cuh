@@ -208,9 +208,7 @@ class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
     static_assert(rank(FrgLayout{}) == 3, "accumulator: (MMA, MMA_M, MMA_N)");
     static_assert(rank<0>(FrgLayout{}) == 3, "GMMA accumulator value mode: (2, 2, N/8)");
     static_assert(size<0, 0>(FrgLayout{}) == 2 && size<0, 1>(FrgLayout{}) == 2, "GMMA accumulator (2, 2, N/8)");
-    constexpr int kV2 = size<0, 2>(FrgLayout{});
     constexpr int kMM = size<1>(FrgLayout{});
-    constexpr int kMN = size<2>(FrgLayout{});
     constexpr int kRows = 2 * kMM;  // this thread's rows, r = 2 mm + v1
     // partial maxima and sums per row: two (by v0) where the thread has 2 rows, so 4 chains are in flight; one
     // where it has 4 (the ping-pong config's 128-row warpgroup tile), whose registers are all taken
@@ -324,10 +322,12 @@ class SoftmaxGradEpilogue : public AdapterEpilogue<EpilogueGradParams> {
     if (params_.bias != nullptr) add_bias<T>(acc, tc, params_.bias, N);
     // every tile but the chunk's last, with an output whose rows start 4-byte aligned: each thread's column pairs
     // (v0) start at even columns, so every pair is one 32-bit store with no check
-    const long long tile_end = (static_cast<long long>(cute::get<1>(blk_coord_mnkl)) + 1) * cute::size<1>(blk_shape_mnk);
+    const long long tile_end =
+        (static_cast<long long>(cute::get<1>(blk_coord_mnkl)) + 1) * cute::size<1>(blk_shape_mnk);
     const bool pairs = params_.pairs_aligned && tile_end <= N && cute::get<1>(tc(0)) % 2 == 0;
     if (params_.in.grad_entropy != nullptr) {
-      pairs ? store_grad<true, true>(problem_shape_mnkl, acc, tc) : store_grad<true, false>(problem_shape_mnkl, acc, tc);
+      pairs ? store_grad<true, true>(problem_shape_mnkl, acc, tc)
+            : store_grad<true, false>(problem_shape_mnkl, acc, tc);
     } else {
       pairs ? store_grad<false, true>(problem_shape_mnkl, acc, tc)
             : store_grad<false, false>(problem_shape_mnkl, acc, tc);
