@@ -13,7 +13,7 @@ Methods (each a row; the reproduction command is printed beside it):
   ``rlkernel.ops.fused.epilogue_gemm.ENABLED``: its forward, and its gradient epilogue in the backward, which writes
   the chunk's 16-bit gradient from the recompute GEMM), and the loss without gradients (forward half only) with and
   without it; ``loss-epi-tile``: ``loss-epi`` with the gradient epilogue off (``GRAD = False``: the backward's float32
-  logits buffer and grad kernel); ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
+  logits buffer, logp backward kernel and cast); ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
   config (``CONFIG = 1``, bf16); ``loss-epi-c2``, ``fwd-loss-epi-c2``: its 2 x 1 cluster config (``CONFIG = 2``);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).

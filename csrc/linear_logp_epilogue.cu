@@ -1,15 +1,20 @@
-// The epilogue GEMM of the fused LM-head forward (issue 37): logits tile = hidden[rows] @ weight[cols]^T on Hopper
-// (CUTLASS 3.x sm90 TMA warp-specialized cooperative mainloop, wgmma, float32 accumulator), whose epilogue folds the
-// accumulator tile in registers into per-(row, column tile) online-softmax partials (max, sum-exp, entropy term,
-// target logit) and never writes a logit; rlkernel_linear_logp_epilogue_merge_kernel then merges a row's partials
-// into logp / entropy / stats exactly as the last step of rlkernel_linear_logp_fold_kernel does.
+// The epilogue GEMM of the fused LM head (issue 37): logits tile = hidden[rows] @ weight[cols]^T on Hopper (CUTLASS
+// 3.x sm90 TMA warp-specialized mainloop, wgmma, float32 accumulator), with an epilogue of our own; the two epilogue
+// collectives are in rlkernel/linear_logp_epilogues.cuh, the configs, launches and the merge kernel here.
+// - The forward (linear_logp_epilogue): the epilogue folds the accumulator tile in registers into per-(row, column
+//   tile) online-softmax partials (max, sum-exp, entropy term, target logit) and never writes a logit;
+//   rlkernel_linear_logp_epilogue_merge_kernel then merges a row's partials into logp / entropy / stats exactly as
+//   the last step of rlkernel_linear_logp_fold_kernel does.
+// - The backward (linear_logp_grad_epilogue, rlkernel_linear_logp_grad_epilogue_gemm_kernel): the recompute GEMM of a
+//   chunk whose epilogue writes the logits' 16-bit gradient, the dW / dH GEMMs' operand.
 //
 // - Logits are the float32 accumulator (+ the bias in float32), both for logits_dtype = the inputs' dtype and for
 //   float32: there is no 16-bit logit tile to round to.
 // - wgmma / TMA code is compiled only in the sm_90a device pass (__CUDA_ARCH_FEAT_SM90_ALL); the sm_80 pass gets an
 //   empty kernel body (never launched: the launcher refuses any GPU but compute capability 9.0).
 // - Without the CUTLASS headers (the nvidia-cutlass wheel's cutlass_library/source/include on the include path) the
-//   launcher only returns "built without CUTLASS" and the op falls back to the cuBLAS path.
+//   launchers only return "epilogue GEMM: rlkernel._C was built without the CUTLASS headers (...)" and the op keeps
+//   the cuBLAS path.
 // - Deterministic and row-independent: no split-K / stream-K (the persistent data-parallel tile scheduler), every
 //   row's partials are reduced in a fixed order, so a row's results depend neither on N nor on its position.
 // NDEBUG before any include: CUTLASS / CuTe's device asserts are calls (__assertfail) inside the mainloop, and a call

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -336,7 +337,7 @@ def test_matches_trl_chunked_logprob(softcap, scale, temperature):
 def test_which_options_the_fused_kernels_have():
     """Options.fused_gap: linear_logp's and linear_logp_loss's fused kernels have every option, the three statistics
     included (float32 inputs here: no float32-output GEMM question, so no CUDA is needed); a temperature whose scale
-    overflows float32 is what is left."""
+    overflows float32, or falls below its smallest normal number, is what is left."""
     from rlkernel.ops.linear_options import Options
 
     cuda, f32 = torch.device("cuda"), torch.float32
@@ -350,8 +351,10 @@ def test_which_options_the_fused_kernels_have():
     assert Options(rows).fused_gap(cuda, f32, loss=True) is None
     assert Options(1.0, 1.0, 30.0).fused_gap(cuda, f32, loss=True) is None
     assert Options(rows, 0.5, 30.0).fused_gap(cuda, f32, loss=True) is None
-    assert "overflows" in Options(1e-30, 1e10).fused_gap(cuda, f32, loss=True)
-    assert "overflows" in Options(1e-30, 1e10).fused_gap(cuda, f32)  # log2(e) * scale / T = 1.4e40 > float32 max
+    outside = "outside float32's normal range"
+    assert outside in Options(1e-30, 1e10).fused_gap(cuda, f32, loss=True)
+    assert outside in Options(1e-30, 1e10).fused_gap(cuda, f32)  # log2(e) * scale / T = 1.4e40 > float32 max
+    assert outside in Options(1.0, 1e-39).fused_gap(cuda, f32)  # 1.4e-39: below float32's smallest normal number
 
 
 def test_fallback_for_records_the_missing_option_and_blocks_a_demanded_fused_path(monkeypatch):
@@ -362,11 +365,11 @@ def test_fallback_for_records_the_missing_option_and_blocks_a_demanded_fused_pat
     monkeypatch.setattr(dispatch, "fused_unavailable_reason", lambda op, device, dtype: None)
     cuda, f32 = torch.device("cuda"), torch.float32
     opts, op = Options(1e-30, 1e10), "linear_logp_loss"  # log2(e) * scale / T overflows the kernels' float32
-    reason = "temperature / logit_scale overflows float32 in the fused kernels"
+    reason = "temperature / logit_scale: its log2(e) scale is outside float32's normal range in the fused kernels"
     with dispatch.recording() as rec:
         r = fallback_for(op, opts, "auto", False, cuda, f32, loss=True)
         assert (r.backend, r.status, r.reason) == ("native", "fallback", reason)
-        with pytest.raises(dispatch.FusedKernelUnavailable, match=reason):
+        with pytest.raises(dispatch.FusedKernelUnavailable, match=re.escape(reason)):
             fallback_for(op, opts, "fused", False, cuda, f32, loss=True)
         with pytest.raises(dispatch.FusedKernelUnavailable):
             fallback_for(op, opts, "auto", True, cuda, f32, loss=True)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ncu details (speed of light, memory, warp states, occupancy, launch, warp instructions executed) of rlkernel's own
-# kernels in one fused call, after warm-up calls; clocks left as they are (--clock-control none).
+# ncu details (speed of light, memory, warp states, occupancy, launch, warp instructions executed) of the kernels of
+# one fused call (rlkernel's own; linear and linear-bwd: every kernel, cuBLAS's included), after warm-up calls; clocks
+# left as they are (--clock-control none).
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh sample B V [DTYPE] [LOGPROBS]   # top_k 50, top_p 0.9;
 #     DTYPE float32 (default) | bfloat16; LOGPROBS none (default) | raw (return_logprobs=True) | processed
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh logp N V DTYPE      # forward only
@@ -8,8 +9,8 @@
 #     (cuBLAS GEMMs included) of one call; LOGITS bf16 | float32; EPILOGUE off | on | pingpong | cluster (the
 #     epilogue GEMM of issue 37 in its cooperative, ping-pong or 2 x 1 cluster config)
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh linear-bwd N H V EPILOGUE   # one linear_logp backward (bf16,
-#     float32 logits), every kernel of it: EPILOGUE off (cuBLAS float32 tile + grad kernel) | on (the gradient
-#     epilogue GEMM, cooperative) | pingpong | tile (the epilogue forward, its gradient epilogue off)
+#     float32 logits), every kernel of it: EPILOGUE on (default: the gradient epilogue GEMM, cooperative) | off
+#     (cuBLAS float32 tile + grad kernel) | pingpong | tile (the epilogue forward, its gradient epilogue off)
 #   source .node-kit/env.sh && bash tools/ncu_ops.sh processed N H V TOP_K TOP_P   # linear_logp's processed forward
 #     (issue 39), bf16: every rlkernel kernel of one call (the cuBLAS tiles left out)
 set -eu

@@ -12,6 +12,10 @@ gradient over it, which ``rlkernel_linear_logp_cast_kernel`` rounds once into a 
 dW / db GEMMs (16-bit operands, float32 accumulation); native, the chunk's linear runs on float32 copies of
 hidden's chunk, weight and bias (float32 leaves: float32 gradient GEMMs, dW summed in float32, no rounding of the
 gradient before the output).
+
+With the epilogue GEMM (``rlkernel.ops.fused.epilogue_gemm.ENABLED``) the fused forward writes no logits (float32
+logits folded in the GEMM's epilogue), and where ``epilogue_gemm.grad_reason`` allows the backward's recompute GEMM
+writes the 16-bit gradient straight into that buffer: no float32 [chunk, V] buffer, no logp backward and no cast.
 """
 from __future__ import annotations
 
@@ -113,7 +117,9 @@ def _accumulator(weight, spec: Spec, compute, n: int):
 
 
 def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
-    """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V)."""
+    """cuBLAS GEMMs and the fused logp kernels; the logits' gradient overwrites the logits buffer (no N x V). With
+    the epilogue GEMM (``epilogue_gemm.ENABLED``) the forward writes no logits, and where ``grad_reason`` allows the
+    backward's GEMM epilogue writes the 16-bit gradient straight into the gradient buffer."""
     from rlkernel.ops.fused import logp as fused_logp
     from rlkernel.ops.fused.linear_logp import _accumulate_w, dh_accumulation
 
@@ -136,7 +142,8 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     need_grad = need_h or need_w or need_b
     c = max(1, min(spec.chunk, n))
     # the epilogue GEMM's forward (float32 logits, no logits buffer); with a gradient the backward range recomputes
-    # the chunk's float32 logits (the float32-logits backward: its softmax is the forward's)
+    # the chunk's float32 logits (the float32-logits backward: its softmax is the forward's), in the gradient
+    # epilogue's GEMM where it runs
     rows_opt = spec.rows
     why = ("n = 0" if not n else "per-row temperature / softcap (the option kernels)" if rows_opt is not None
            else epilogue_gemm.reason(h, weight, bias, False, need_grad))

@@ -7,8 +7,8 @@ The order is TRL's (``trl.kernels.chunked_logprob._transform``, TRL 1.16): ``z' 
 softcap) / T``, every statistic on z'. With the defaults ``apply`` is ``z / T``, today's arithmetic bit for bit.
 The fused linear_logp and linear_logp_loss kernels have every option, the extra statistics included
 (rlkernel.ops.fused.linear_logp_options). ``fused_gap`` names what is missing (a float32-output GEMM for a softcap, a
-temperature whose scale overflows float32), and such a call is a recorded fallback to the native path
-(``fallback``), or ``blocked`` where the fused path is demanded.
+temperature whose scale overflows float32 or is below its smallest normal number), and such a call is a recorded
+fallback to the native path (``fallback``), or ``blocked`` where the fused path is demanded.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Options:
         too (a logit_scale with a number T folded into it for the logp kernels, a per-row T or a softcap by the same
         option kernels); both need the float32-output GEMM for a softcap of 16-bit inputs."""
         if not self.per_row and not _valid_temperature(self.temperature / self.scale):
-            return "temperature / logit_scale overflows float32 in the fused kernels"
+            return "temperature / logit_scale: its log2(e) scale is outside float32's normal range in the fused kernels"
         if self.softcap is not None and dtype in blas.SIXTEEN_BIT:
             reason, _ = blas.float32_output_gemm(device, dtype, batch_invariant)  # softcapped tiles are float32
             if reason is not None:

@@ -74,9 +74,9 @@ struct LinearEpilogueArgs {
   void* stream;
 };
 
-// The epilogue GEMM's backward of one vocabulary chunk: the logits' gradient of hidden @ weight_chunk^T (+ bias),
-// from the forward's stats, rounded once to the inputs' dtype into out; no logits tile. Rows past n_rows are
-// padding (gradient 0).
+// The epilogue GEMM's backward of one vocabulary chunk (linear_logp; linear_logp_loss: a token chunk over the whole
+// vocabulary, col0 = 0): the logits' gradient of hidden @ weight_chunk^T (+ bias), from the forward's stats, rounded
+// once to the inputs' dtype into out; no logits tile. Rows past n_rows are padding (gradient 0).
 struct LinearGradEpilogueArgs : RowGradArgs {  // dtype (bfloat16 / float16), T, ignore_index, g_l, g_H, entropy, stats
   const void* hidden;        // [tile_rows, hidden_size], row stride hidden_stride, 16-byte aligned
   int64_t hidden_stride;

@@ -2,8 +2,8 @@
 // collectives that the sm90 warp-specialized kernels run on their float32 accumulator fragment through
 // Sm90TmaWarpSpecializedAdapter, so no logits tile is ever written:
 // - SoftmaxPartialEpilogue (the forward): per (row, column tile) online-softmax partials, merged per row afterwards;
-// - SoftmaxGradEpilogue (the backward of one vocabulary chunk): the logits' gradient, rounded once to 16 bits, the
-//   dW / dH GEMMs' operand.
+// - SoftmaxGradEpilogue (the backward of one vocabulary chunk in linear_logp, or of a token chunk over the whole
+//   vocabulary in linear_logp_loss): the logits' gradient, rounded once to 16 bits, the dW / dH GEMMs' operand.
 // Needs the CUTLASS / CuTe headers (the nvidia-cutlass wheel); the .cu includes this only where it has them.
 #pragma once
 
@@ -32,7 +32,8 @@ struct EpiloguePartialParams {
   bool entropy;            // compute the entropy term t
 };
 
-// The gradient epilogue's inputs: the backward of one vocabulary chunk (the GEMM's N is the chunk's columns).
+// The gradient epilogue's inputs: the backward of one vocabulary chunk (the GEMM's N is the chunk's columns; the
+// whole vocabulary, col0 = 0, in linear_logp_loss).
 struct EpilogueGradParams {
   const void* bias;        // [N] (the chunk's columns) in the inputs' dtype, or nullptr
   const long long* ids;    // [n_rows] vocabulary ids
@@ -197,7 +198,7 @@ class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
   // Loops run columns outside and the thread's rows (2 MMA_M) inside, with kParts partial maxima and sums per row:
   // at least 4 independent chains per pass, so the adds' latency hides. Partials are added in a fixed order,
   // so a row's result stays a function of that row alone. The target's logit is picked up off the hot loops, by the
-  // threads whose tile holds it (1 tile in V / 256 per row). acc holds x (bias added, -inf past the vocabulary).
+  // threads whose tile holds it (1 tile in V / tile N per row). acc holds x (bias added, -inf past the vocabulary).
   template <bool ENTROPY, class ProblemShapeMNKL, class BlockShapeMNK, class BlockCoordMNKL,
             class FrgEngine, class FrgLayout, class TiledMma>
   CUTLASS_DEVICE void fold(ProblemShapeMNKL problem_shape_mnkl, BlockShapeMNK blk_shape_mnk,
@@ -304,7 +305,8 @@ class SoftmaxPartialEpilogue : public AdapterEpilogue<EpiloguePartialParams> {
 
 // The backward's epilogue: the gradient of the row losses with respect to this tile's logits, formed from the
 // float32 accumulator (+ the bias) and the forward's stats, rounded once to T and stored to `out`, the dW / dH
-// GEMMs' operand: no logits tile is written or read. Per element, as rlkernel_linear_logp_grad_kernel (row_grad.cuh):
+// GEMMs' operand: no logits tile is written or read. Per element, rlkernel_linear_logp_grad_kernel's formula
+// (row_grad.cuh) but for log2 p, one fma here where the grad kernel rounds (x c - r) - log2 s:
 //   log2 p = x c - (r + log2 s),  g = p (A + B max(log2 p, -256)) (+ G at the target column);
 // 0 on ignored and padding rows, NaN on a bad id (the forward reported it). Columns >= N are not stored.
 template <typename T>

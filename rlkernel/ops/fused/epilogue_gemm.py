@@ -10,9 +10,10 @@ csrc/linear_logp_epilogue.cu).
   (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
 - Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
 - The backward of a float32-logits forward (the epilogue GEMM's, or ``logits_dtype=torch.float32``'s) takes the
-  gradient epilogue where ``grad_reason`` allows (``GRAD``): per vocabulary chunk one GEMM whose epilogue writes the
-  16-bit gradient of the logits (``rlkernel_linear_logp_grad_epilogue_gemm_kernel``), the dW / dH GEMMs' operand, in
-  place of a float32 logits tile, the grad kernel's read of it and its launch. Recorded in ``grad_records()``.
+  gradient epilogue where ``grad_reason`` allows (``GRAD``): per vocabulary chunk (``linear_logp``) or token chunk
+  over the whole vocabulary (``linear_logp_loss``) one GEMM whose epilogue writes the 16-bit gradient of the logits
+  (``rlkernel_linear_logp_grad_epilogue_gemm_kernel``), the dW / dH GEMMs' operand, in place of a float32 logits
+  tile and the kernels that read it. Recorded in ``grad_records()``.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
         return "rlkernel._C was built without the CUTLASS headers (pip install 'rlkernel[cuda]')"
     n, hsize = rows2d.shape
     if hsize == 0 or hsize % 8 or (n > 1 and rows2d.stride(0) % 8):
-        return "hidden size or row stride not a multiple of 8 (TMA's 16-byte strides)"
+        return "hidden size 0, or hidden size or row stride not a multiple of 8 (TMA's 16-byte strides)"
     if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
         return "weight or bias not contiguous"
     if rows2d.data_ptr() % 16 or weight.data_ptr() % 16:
