@@ -18,7 +18,6 @@ using at::Tensor;
 
 using namespace rlkernel::linear_logp_checks;  // kOp, check_tile, check_f32, check_ids, optional_rows, ...
 
-
 // The fields LinearFoldArgs and LinearGradArgs share (same names, same meaning): the tile and its rows' ids, the
 // chunk's place in the vocabulary, T, ignore_index and the stream. n: the rows with an id.
 template <class Args>
