@@ -167,6 +167,26 @@ void check_gemm_operands(const Tensor& hidden, const Tensor& weight, const std::
   }
 }
 
+// The fields LinearEpilogueArgs and LinearGradEpilogueArgs share (same names, same meaning): the GEMM's operands
+// (checked by check_gemm_operands), the rows' ids, T, ignore_index, the config, the device and its stream.
+template <class Args>
+void fill_gemm(Args& a, const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias,
+               const Tensor& ids, double temperature, int64_t ignore_index, int64_t config) {
+  a.hidden = hidden.data_ptr();
+  a.hidden_stride = hidden.size(0) > 1 ? hidden.stride(0) : hidden.size(1);
+  a.weight = weight.data_ptr();
+  a.bias = bias.has_value() ? bias->data_ptr() : nullptr;
+  a.ids = ids.data_ptr<int64_t>();
+  a.n_rows = ids.numel();
+  a.hidden_size = hidden.size(1);
+  a.dtype = rlkernel::elem_type_of(hidden, kOp);
+  a.temperature = temperature;
+  a.ignore_index = ignore_index;
+  a.config = static_cast<int>(config);
+  a.device = hidden.device().index();
+  a.stream = rlkernel::current_cuda_stream(hidden.device().index());
+}
+
 // The epilogue GEMM (issue 37): logp / entropy / stats of hidden @ weight^T (+ bias) straight from the GEMM's
 // accumulator; partial: float32 scratch of at least n * linear_logp_epilogue_tiles(V) * 4 elements.
 void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Tensor>& bias, const Tensor& ids,
@@ -185,26 +205,14 @@ void epilogue(const Tensor& hidden, const Tensor& weight, const std::optional<Te
   TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
   c10::DeviceGuard guard(hidden.device());
   rlkernel::LinearEpilogueArgs a{};
-  a.hidden = hidden.data_ptr();
-  a.hidden_stride = n > 1 ? hidden.stride(0) : hidden.size(1);
-  a.weight = weight.data_ptr();
-  a.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
-  a.hidden_size = hidden.size(1);
+  fill_gemm(a, hidden, weight, bias, ids, temperature, ignore_index, config);
   a.vocab = vocab;
-  a.dtype = rlkernel::elem_type_of(hidden, kOp);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
   a.partial = partial.data_ptr<float>();
   a.logp = logp.data_ptr<float>();
   a.entropy = with_entropy ? entropy.data_ptr<float>() : nullptr;
   a.stats = stats.data_ptr<float>();
   a.row0 = row0;
   a.errors = rlkernel::error_sink(error_record, error_seq, rlkernel::kErrOpLogpBadId);
-  a.config = static_cast<int>(config);
-  a.device = hidden.device().index();
-  a.stream = rlkernel::current_cuda_stream(hidden.device().index());
   const char* err = rlkernel::linear_logp_epilogue(a);
   TORCH_CHECK(err == nullptr, kOp, " epilogue: ", err);
 }
@@ -227,26 +235,14 @@ void grad_epilogue(const Tensor& hidden, const Tensor& weight, const std::option
   TORCH_CHECK(temperature > 0.0, kOp, ": temperature must be > 0");
   c10::DeviceGuard guard(hidden.device());
   rlkernel::LinearGradEpilogueArgs a{};
-  a.dtype = rlkernel::elem_type_of(hidden, kOp);
-  a.temperature = temperature;
-  a.ignore_index = ignore_index;
+  fill_gemm(a, hidden, weight, bias, ids, temperature, ignore_index, config);
   fill_row_grads(a, grad_logp, grad_entropy, entropy, stats, n, hidden);
-  a.hidden = hidden.data_ptr();
-  a.hidden_stride = rows > 1 ? hidden.stride(0) : hidden.size(1);
-  a.weight = weight.data_ptr();
-  a.bias = bias.has_value() ? bias->data_ptr() : nullptr;
-  a.ids = ids.data_ptr<int64_t>();
-  a.n_rows = n;
   a.tile_rows = rows;
-  a.hidden_size = hidden.size(1);
   a.cols = cols;
   a.col0 = col0;
   a.vocab = vocab;
   a.out = out.data_ptr();
   a.out_stride = rows > 1 ? out.stride(0) : cols;
-  a.config = static_cast<int>(config);
-  a.device = hidden.device().index();
-  a.stream = rlkernel::current_cuda_stream(hidden.device().index());
   const char* err = rlkernel::linear_logp_grad_epilogue(a);
   TORCH_CHECK(err == nullptr, kOp, " grad_epilogue: ", err);
 }
