@@ -21,7 +21,8 @@ columns); ``plan`` picks both so one tile, ``block x cols`` logits in the inputs
   rounds it afterwards: the same bits, one more pass. ``plan`` sizes the tile by its float32 elements (half the
   columns). Where the epilogue GEMM runs and no bias gradient or option kernel is asked for
   (``epilogue_gemm.grad_reason``), the recompute and the grad kernel are one Hopper GEMM whose epilogue writes the
-  16-bit gradient chunk from its float32 accumulator (``epilogue_gemm.grad_tile``): no float32 tile at all.
+  16-bit gradient chunk from its float32 accumulator (``epilogue_gemm.grad_tile``): no float32 tile at all, and
+  ``plan`` sizes the chunks by the 16-bit gradient.
 - ``batch_invariant=True``: every block has ``BI_ROWS`` rows (hidden rows packed into a zero-padded buffer by
   ``rlkernel_linear_logp_pack_kernel``) and every chunk ``BI_COLS`` columns (the last one the rest): every GEMM call
   has the same problem shape and layout, GEMMs run through cuBLASLt without split-K (``batch_invariant_blas``),
@@ -266,17 +267,17 @@ def _backward(rows2d, weight, bias, ids, stats, entropy, grad_logp, grad_entropy
                 torch.zeros(weight.shape, dtype=acc_dtype, device=dev) if need_w else None,
                 torch.zeros(vocab, dtype=dtype, device=dev) if need_b else None)
     tile_dtype, bias_mode = _tile_setup(rows2d, batch_invariant, logits32)
-    block, cols = plan(n, vocab, tile_dtype, batch_invariant)
-    m = block if batch_invariant else min(block, n)
-    dw = torch.empty(weight.shape, dtype=acc_dtype, device=dev) if need_w else None
-    db = torch.empty(vocab, dtype=out_dtypes[1] or dtype, device=dev) if need_b else None  # from float32 db32
     # float32 logits of 16-bit inputs: each chunk's 16-bit gradient straight from the recompute GEMM's epilogue,
-    # where it runs (no float32 tile, no grad kernel)
+    # where it runs (no float32 tile, no grad kernel; the chunks sized by the 16-bit gradient, the one buffer left)
     grad_epi = False
     if tile_dtype != dtype and (need_w or need_h):
         why = epilogue_gemm.grad_reason(rows2d, weight, bias, batch_invariant, need_b, rows_opt)
         epilogue_gemm.record_grad("tile" if why else "epilogue", why or "")
         grad_epi = why is None
+    block, cols = plan(n, vocab, dtype if grad_epi else tile_dtype, batch_invariant)
+    m = block if batch_invariant else min(block, n)
+    dw = torch.empty(weight.shape, dtype=acc_dtype, device=dev) if need_w else None
+    db = torch.empty(vocab, dtype=out_dtypes[1] or dtype, device=dev) if need_b else None  # from float32 db32
     tile_buf = None if grad_epi else torch.empty(m * cols, dtype=tile_dtype, device=dev)
     # float32 logits: the gradient tile rounded once to the inputs' dtype, the dW / dH GEMMs' operand
     grad_buf = torch.empty(m * cols, dtype=dtype, device=dev) if tile_dtype != dtype and (need_w or need_h) else None
