@@ -63,3 +63,30 @@ def test_records_count_forwards_and_backwards_apart(switches):
                                             ("epilogue", ""): 1}
     epilogue_gemm.reset_records()
     assert epilogue_gemm.records() == {} and epilogue_gemm.grad_records() == {}
+
+
+def test_auto_takes_forwards_without_a_backward_at_small_hidden_sizes_only(switches):
+    """ENABLED='auto' is the measured policy: a larger hidden size, or a forward whose backward will run, keeps the
+    cuBLAS path with its own reason; past those two the remaining checks run as with True (here the first
+    CPU-reachable one, the dtype)."""
+    switches.setattr(epilogue_gemm, "ENABLED", "auto")
+    limit = epilogue_gemm.AUTO_MAX_HIDDEN
+    wide = torch.zeros(2, limit + 8, dtype=torch.bfloat16), torch.zeros(4, limit + 8, dtype=torch.bfloat16)
+    assert epilogue_gemm.reason(*wide, None, False, False) == (
+        f"ENABLED='auto': hidden size > {limit} (the cuBLAS path measured faster at 4096)")
+    h, w = operands()
+    assert epilogue_gemm.reason(h, w, None, False, True) == (
+        "ENABLED='auto': a forward whose backward runs (measured no faster than the cuBLAS path)")
+    h32, w32 = operands(torch.float32)
+    assert epilogue_gemm.reason(h32, w32, None, False, False) == "torch.float32 inputs (bfloat16 / float16 only)"
+    # the gradient epilogue asks without a backward: only the hidden size rule applies to it
+    assert epilogue_gemm.grad_reason(*wide, None, False, False, None).startswith("ENABLED='auto': hidden size")
+    assert epilogue_gemm.grad_reason(h32, w32, None, False, False, None) == (
+        "torch.float32 inputs (bfloat16 / float16 only)")
+
+
+def test_a_bad_switch_value_is_refused(switches):
+    switches.setattr(epilogue_gemm, "ENABLED", "on")
+    h, w = operands()
+    with pytest.raises(ValueError, match="False, True or 'auto'"):
+        epilogue_gemm.reason(h, w, None, False, False)

@@ -6,8 +6,10 @@ csrc/linear_logp_epilogue.cu).
 - Its logits are float32 (the accumulator, plus the bias in float32) whatever ``logits_dtype`` says: with the inputs'
   dtype requested they are simply not rounded to 16 bits. The backward that follows it is the float32-logits one
   (``logits32``), so the gradient's softmax is that of the forward's logits.
-- ``ENABLED`` (default False until measured on the H200) switches it on; ``reason`` says why a call does not take it
-  (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
+- ``ENABLED``: False (off, the default), True (every call it covers) or ``"auto"``, the measured policy
+  (docs/benchmarks.md, H200): a forward whose backward will not run, at hidden size <= ``AUTO_MAX_HIDDEN``; the
+  gradient epilogue at that hidden size too. ``reason`` says why a call does not take it (recorded in
+  ``records()``), and the caller then runs the cuBLAS tile + fold path.
 - Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
 - The backward of a float32-logits forward (the epilogue GEMM's, or ``logits_dtype=torch.float32``'s) takes the
   gradient epilogue where ``grad_reason`` allows (``GRAD``): per vocabulary chunk (``linear_logp``) or token chunk
@@ -24,7 +26,12 @@ import torch
 
 from rlkernel import _ext
 
-ENABLED = False  # the lead flips this where it wins (docs/benchmarks.md)
+# False, True or "auto". "auto" is what the H200 rows measured as a win (16384 x 896 x 151936: forward 0.854x the
+# cuBLAS path with bf16 logits, 0.560x with float32 ones; the gradient epilogue's backward faster than the float32
+# tile's), and not what they measured as a loss (a forward whose backward runs: 1.005x at H = 896; any call at
+# H = 4096: forward 1.062x). It stays off by default until the whole suite has run on the H200 with it on.
+ENABLED: bool | str = False
+AUTO_MAX_HIDDEN = 1024  # "auto": measured a win at H = 896, a loss at 4096; between them unmeasured
 # batch_invariant=True is covered: one tile shape, no split-K or stream-K (the persistent data-parallel scheduler),
 # each output element's K sum in the same order, and each row's partials merged in a fixed order: a row's results
 # depend neither on N nor on where it sits. False: batch-invariant calls keep the cuBLAS path.
@@ -78,6 +85,13 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     backward will run, and needs the float32-logits GEMM (``blas.float32_output_gemm``) to match its softmax."""
     if not ENABLED:
         return "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
+    if ENABLED == "auto":
+        if rows2d.shape[-1] > AUTO_MAX_HIDDEN:
+            return f"ENABLED='auto': hidden size > {AUTO_MAX_HIDDEN} (the cuBLAS path measured faster at 4096)"
+        if need_backward:
+            return "ENABLED='auto': a forward whose backward runs (measured no faster than the cuBLAS path)"
+    elif ENABLED is not True:
+        raise ValueError(f"epilogue_gemm.ENABLED must be False, True or 'auto', not {ENABLED!r}")
     if rows2d.dtype not in _DTYPES:
         return f"{rows2d.dtype} inputs (bfloat16 / float16 only)"
     if batch_invariant and not BATCH_INVARIANT:
