@@ -25,12 +25,15 @@ def operands(dtype=torch.bfloat16):
 
 def test_forward_reason_says_switched_off_first(switches):
     h, w = operands(torch.float32)
-    assert epilogue_gemm.reason(h, w, None, False, True) == "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
+    assert epilogue_gemm.reason(h, w, None, False, True, logits32=True) == (
+        "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)")
     switches.setattr(epilogue_gemm, "ENABLED", True)
-    assert epilogue_gemm.reason(h, w, None, False, True) == "torch.float32 inputs (bfloat16 / float16 only)"
+    # True takes every call it covers: the "auto" arguments do not matter
+    assert epilogue_gemm.reason(h, w, None, False, True, logits32=False, adds_recompute=True) == (
+        "torch.float32 inputs (bfloat16 / float16 only)")
     switches.setattr(epilogue_gemm, "BATCH_INVARIANT", False)
     h16, w16 = operands()
-    assert "batch_invariant=True" in epilogue_gemm.reason(h16, w16, None, True, True)
+    assert "batch_invariant=True" in epilogue_gemm.reason(h16, w16, None, True, True, logits32=False)
 
 
 def test_gradient_epilogue_reasons_come_before_the_forward_ones(switches):
@@ -46,7 +49,8 @@ def test_gradient_epilogue_reasons_come_before_the_forward_ones(switches):
         "per-row temperature / softcap (the option kernels)")
     assert epilogue_gemm.grad_reason(h, w, None, False, True, None) == (
         "a bias gradient (summed from the float32 tile)")
-    assert epilogue_gemm.grad_reason(h, w, None, False, False, None) == epilogue_gemm.reason(h, w, None, False, False)
+    assert epilogue_gemm.grad_reason(h, w, None, False, False, None) == epilogue_gemm.reason(h, w, None, False, False,
+                                                                                             logits32=True)
     switches.setattr(epilogue_gemm, "ENABLED", True)
     h32, w32 = operands(torch.float32)
     assert epilogue_gemm.grad_reason(h32, w32, None, False, False, None) == (
@@ -65,28 +69,42 @@ def test_records_count_forwards_and_backwards_apart(switches):
     assert epilogue_gemm.records() == {} and epilogue_gemm.grad_records() == {}
 
 
-def test_auto_takes_forwards_without_a_backward_at_small_hidden_sizes_only(switches):
-    """ENABLED='auto' is the measured policy: a larger hidden size, or a forward whose backward will run, keeps the
-    cuBLAS path with its own reason; past those two the remaining checks run as with True (here the first
-    CPU-reachable one, the dtype)."""
+def test_auto_takes_float32_logits_calls_at_small_hidden_sizes_only(switches):
+    """ENABLED='auto' is the measured policy: a larger hidden size, a call with 16-bit logits (the epilogue's
+    float32 ones would make a call's log-probs depend on whether a backward runs), or a loss whose backward would
+    then recompute the logits keeps the cuBLAS path, each with its own reason; past those the remaining checks run
+    as with True (here the first CPU-reachable one, the dtype)."""
     switches.setattr(epilogue_gemm, "ENABLED", "auto")
     limit = epilogue_gemm.AUTO_MAX_HIDDEN
     wide = torch.zeros(2, limit + 8, dtype=torch.bfloat16), torch.zeros(4, limit + 8, dtype=torch.bfloat16)
-    assert epilogue_gemm.reason(*wide, None, False, False) == (
+    assert epilogue_gemm.reason(*wide, None, False, False, logits32=True) == (
         f"ENABLED='auto': hidden size > {limit} (the cuBLAS path measured faster at 4096)")
     h, w = operands()
-    assert epilogue_gemm.reason(h, w, None, False, True) == (
-        "ENABLED='auto': a forward whose backward runs (measured no faster than the cuBLAS path)")
+    for need_backward in (False, True):
+        assert epilogue_gemm.reason(h, w, None, False, need_backward, logits32=False) == (
+            "ENABLED='auto': 16-bit logits asked for (the epilogue's are float32: the call's log-probs would depend "
+            "on whether a backward runs)")
+    assert epilogue_gemm.reason(h, w, None, False, True, logits32=True, adds_recompute=True) == (
+        "ENABLED='auto': the backward would recompute the logits the cuBLAS path keeps (measured slower)")
     h32, w32 = operands(torch.float32)
-    assert epilogue_gemm.reason(h32, w32, None, False, False) == "torch.float32 inputs (bfloat16 / float16 only)"
-    # the gradient epilogue asks without a backward: only the hidden size rule applies to it
+    for need_backward in (False, True):  # float32 logits, with or without a backward: past the "auto" rules
+        assert epilogue_gemm.reason(h32, w32, None, False, need_backward, logits32=True) == (
+            "torch.float32 inputs (bfloat16 / float16 only)")
+    # the gradient epilogue is a float32-logits backward: only the hidden size rule applies to it
     assert epilogue_gemm.grad_reason(*wide, None, False, False, None).startswith("ENABLED='auto': hidden size")
     assert epilogue_gemm.grad_reason(h32, w32, None, False, False, None) == (
         "torch.float32 inputs (bfloat16 / float16 only)")
+
+
+def test_reason_needs_the_logits_dtype_named(switches):
+    """logits32 is keyword-only and required: a caller cannot leave "auto" to guess what the call asked for."""
+    h, w = operands()
+    with pytest.raises(TypeError, match="logits32"):
+        epilogue_gemm.reason(h, w, None, False, False)
 
 
 def test_a_bad_switch_value_is_refused(switches):
     switches.setattr(epilogue_gemm, "ENABLED", "on")
     h, w = operands()
     with pytest.raises(ValueError, match="False, True or 'auto'"):
-        epilogue_gemm.reason(h, w, None, False, False)
+        epilogue_gemm.reason(h, w, None, False, False, logits32=True)

@@ -350,3 +350,36 @@ def test_linear_logp_loss_forward_half(epi, monkeypatch):
     no_grad, _ = run(True, False)
     took_epilogue()
     assert abs(float(no_grad) - float(got)) <= 1e-5 * abs(float(got)) + 1e-5
+
+
+@pytest.mark.parametrize("f32", [True, False], ids=["float32-logits", "bf16-logits"])
+def test_auto_gives_one_answer_with_or_without_a_backward(f32, monkeypatch):
+    """ENABLED='auto' at a hidden size it covers (H = 256 <= AUTO_MAX_HIDDEN): a float32-logits call takes the
+    epilogue GEMM with and without a backward, a bf16-logits call the cuBLAS path both ways (its reason recorded), so
+    the log-probs a rollout or a reference model takes without autograd are bitwise the ones the training forward
+    gives, and the importance ratio of the two is exactly 1."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the epilogue GEMM needs a compute capability 9.0 GPU")
+    from rlkernel.ops.fused import epilogue_gemm
+
+    monkeypatch.setattr(epilogue_gemm, "ENABLED", "auto")
+    hidden, weight, b, ids = make(200, 256, 3001, torch.bfloat16, bias=True, seed=5)
+    kw = dict(bias=b, temperature=0.8, return_entropy=True, backend="fused",
+              logits_dtype=torch.float32 if f32 else None)
+    epilogue_gemm.reset_records()
+    with torch.no_grad():
+        old_lp, old_ent = rlkernel.linear_logp(hidden, weight, ids, **kw)
+    h = hidden.detach().clone().requires_grad_(True)
+    new_lp, new_ent = rlkernel.linear_logp(h, weight, ids, **kw)
+    (new_lp.sum() + new_ent.sum()).backward()
+    rec = epilogue_gemm.records()
+    if f32:
+        assert rec == {("epilogue", ""): 2}, rec
+        assert epilogue_gemm.grad_records() == {("epilogue", ""): 1}, epilogue_gemm.grad_records()
+    else:
+        assert list(rec) == [("cublas", "ENABLED='auto': 16-bit logits asked for (the epilogue's are float32: the "
+                                        "call's log-probs would depend on whether a backward runs)")], rec
+        assert rec[next(iter(rec))] == 2
+    assert torch.equal(old_lp, new_lp.detach()) and torch.equal(old_ent, new_ent.detach())
+    assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0
+    epilogue_gemm.reset_records()

@@ -145,8 +145,13 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     # the chunk's float32 logits (the float32-logits backward: its softmax is the forward's), in the gradient
     # epilogue's GEMM where it runs
     rows_opt = spec.rows
+    # the gradient epilogue's verdict first (None: it runs, or a float32 input, which the forward's reason names):
+    # where it does not run, the epilogue forward would make the backward recompute the logits this path keeps
+    gwhy = (epilogue_gemm.grad_reason(h, weight, bias, False, False, rows_opt)
+            if need_grad and n and h.dtype != torch.float32 else None)
     why = ("n = 0" if not n else "per-row temperature / softcap (the option kernels)" if rows_opt is not None
-           else epilogue_gemm.reason(h, weight, bias, False, need_grad))
+           else epilogue_gemm.reason(h, weight, bias, False, need_grad, logits32=spec.logits32,
+                                     adds_recompute=gwhy is not None))
     epilogue_gemm.record("cublas" if why else "epilogue", why or "")
     epilogue = why is None
     logits32 = spec.logits32 or epilogue
@@ -158,7 +163,6 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     # the backward's gradient epilogue: the 16-bit gradient straight from the recompute's accumulator
     grad_epi = False
     if need_grad and n and logits32 and h.dtype != torch.float32:
-        gwhy = epilogue_gemm.grad_reason(h, weight, bias, False, False, rows_opt)
         epilogue_gemm.record_grad("tile" if gwhy else "epilogue", gwhy or "")
         grad_epi = gwhy is None
     # the workspace (none for the epilogue GEMMs)

@@ -7,9 +7,9 @@ csrc/linear_logp_epilogue.cu).
   dtype requested they are simply not rounded to 16 bits. The backward that follows it is the float32-logits one
   (``logits32``), so the gradient's softmax is that of the forward's logits.
 - ``ENABLED``: False (off, the default), True (every call it covers) or ``"auto"``, the measured policy
-  (docs/benchmarks.md, H200): a forward whose backward will not run, at hidden size <= ``AUTO_MAX_HIDDEN``; the
-  gradient epilogue at that hidden size too. ``reason`` says why a call does not take it (recorded in
-  ``records()``), and the caller then runs the cuBLAS tile + fold path.
+  (docs/benchmarks.md, H200): at hidden size <= ``AUTO_MAX_HIDDEN``, a call that asked for float32 logits, unless
+  taking it adds a recompute to the backward; the gradient epilogue at that hidden size too. ``reason`` says why a
+  call does not take it (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
 - Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
 - The backward of a float32-logits forward (the epilogue GEMM's, or ``logits_dtype=torch.float32``'s) takes the
   gradient epilogue where ``grad_reason`` allows (``GRAD``): per vocabulary chunk (``linear_logp``) or token chunk
@@ -26,10 +26,15 @@ import torch
 
 from rlkernel import _ext
 
-# False, True or "auto". "auto" is what the H200 rows measured as a win (16384 x 896 x 151936: forward 0.854x the
-# cuBLAS path with bf16 logits, 0.560x with float32 ones; the gradient epilogue's backward faster than the float32
-# tile's), and not what they measured as a loss (a forward whose backward runs: 1.005x at H = 896; any call at
-# H = 4096: forward 1.062x). It stays off by default until the whole suite has run on the H200 with it on.
+# False, True or "auto". "auto" takes what the H200 rows measured as a win (16384 x 896 x 151936: a float32-logits
+# forward at 0.560x the cuBLAS path's; the gradient epilogue's backward faster than the float32 tile's) and leaves
+# what they measured as a loss (any call at H = 4096: forward 1.062x; linear_logp_loss's epilogue forward followed
+# by a float32-tile recompute: 6.62x the matmul). A 16-bit-logits call keeps the cuBLAS path, although its forward
+# alone measured 0.854x: the epilogue's logits are float32, so the same call would give other log-probs without a
+# backward (old / reference log-probs, epilogue) than with one (cuBLAS), and an importance ratio of the two would
+# not be 1 on policy. A float32-logits linear_logp takes the epilogue with or without a backward (its backward
+# recomputes either way), so its values do not depend on autograd. Off by default until the whole suite has run on
+# the H200 with "auto".
 ENABLED: bool | str = False
 AUTO_MAX_HIDDEN = 1024  # "auto": measured a win at H = 896, a loss at 4096; between them unmeasured
 # batch_invariant=True is covered: one tile shape, no split-K or stream-K (the persistent data-parallel scheduler),
@@ -80,16 +85,23 @@ def reset_records() -> None:
         _grad_records.clear()
 
 
-def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bool, need_backward: bool) -> str | None:
+def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bool, need_backward: bool, *,
+           logits32: bool, adds_recompute: bool = False) -> str | None:
     """None where the epilogue GEMM computes this forward; else why not (one line). ``need_backward``: the
-    backward will run, and needs the float32-logits GEMM (``blas.float32_output_gemm``) to match its softmax."""
+    backward will run, and needs the float32-logits GEMM (``blas.float32_output_gemm``) to match its softmax.
+    Under ``"auto"`` only: ``logits32``, the call asked for float32 logits (``logits_dtype=torch.float32``);
+    ``adds_recompute``, with the epilogue forward the backward would recompute logits that the cuBLAS path keeps
+    (``linear_logp_loss`` where the gradient epilogue does not run)."""
     if not ENABLED:
         return "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
     if ENABLED == "auto":
         if rows2d.shape[-1] > AUTO_MAX_HIDDEN:
             return f"ENABLED='auto': hidden size > {AUTO_MAX_HIDDEN} (the cuBLAS path measured faster at 4096)"
-        if need_backward:
-            return "ENABLED='auto': a forward whose backward runs (measured no faster than the cuBLAS path)"
+        if not logits32:
+            return ("ENABLED='auto': 16-bit logits asked for (the epilogue's are float32: the call's log-probs would "
+                    "depend on whether a backward runs)")
+        if adds_recompute:
+            return "ENABLED='auto': the backward would recompute the logits the cuBLAS path keeps (measured slower)"
     elif ENABLED is not True:
         raise ValueError(f"epilogue_gemm.ENABLED must be False, True or 'auto', not {ENABLED!r}")
     if rows2d.dtype not in _DTYPES:
@@ -129,7 +141,8 @@ def grad_reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invarian
         return "per-row temperature / softcap (the option kernels)"
     if need_b:
         return "a bias gradient (summed from the float32 tile)"
-    return reason(rows2d, weight, bias, batch_invariant, need_backward=False)
+    # a float32-logits backward by definition, and it replaces the float32-output GEMM: no backward to ask about
+    return reason(rows2d, weight, bias, batch_invariant, need_backward=False, logits32=True)
 
 
 def config_for(dtype: torch.dtype) -> int:

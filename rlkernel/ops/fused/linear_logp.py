@@ -427,7 +427,8 @@ def linear_logp_fused(hidden, weight, token_ids, *, bias, temperature, ignore_in
             t is not None and t.requires_grad for t in (hidden, weight, bias))
         why = ("n = 0" if not ids.numel() else "per-row temperature / softcap (the option kernels)"
                if rows_opt is not None else
-               epilogue_gemm.reason(rows_c, weight_c, bias_c, bool(batch_invariant), wants_grad))
+               epilogue_gemm.reason(rows_c, weight_c, bias_c, bool(batch_invariant), wants_grad,
+                                    logits32=bool(logits32)))
         epilogue_gemm.record("cublas" if why else "epilogue", why or "")
         args = (ids, float(temperature), int(ignore_index), bool(return_entropy), bool(batch_invariant),
                 token_ids.shape, bool(logits32), why is None, rows_opt)
