@@ -133,6 +133,13 @@ def main() -> int:
     if args.reps < 100:
         print("bench_sampling: --reps must be >= 100 (a median of at least 100 calls)", file=sys.stderr)
         return 2
+    bad = ("--top-k must be >= 0" if args.top_k < 0 else "--top-p must be in (0, 1]" if not 0 < args.top_p <= 1
+           else "--temperature must be > 0" if not args.temperature > 0
+           else "--top-k 0 (no top-k) is timed with --logprobs only: the table's topk column needs k >= 1"
+           if args.top_k == 0 and not args.logprobs else None)
+    if bad:
+        print(f"bench_sampling: {bad}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench_sampling: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 3
@@ -174,8 +181,7 @@ def main() -> int:
         for b in [int(x) for x in args.batches.split(",")]:
             paths["rows"] = rows_path(b)
             nbytes = b * args.vocab * torch.finfo(dtype).bits // 8
-            n_buf = max(2, -(-4 * L2_BYTES // nbytes))  # >= 4x the L2 in total
-            inputs = [torch.randn(b, args.vocab, device="cuda", dtype=dtype) * 3 for _ in range(n_buf)]
+            inputs = _inputs(b, dtype, args.vocab)
             us = {name: time_path(fn, inputs, args.reps) for name, fn in paths.items()}
             d = str(dtype).removeprefix("torch.")
             cmd = (f"python benchmarks/bench_sampling.py --batches {b} --dtypes {d} --vocab {args.vocab} "
