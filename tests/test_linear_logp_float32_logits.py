@@ -431,8 +431,13 @@ def test_gpu_backward_16bit_grad_tile_bitwise_equal_to_the_cast_path(fused, monk
     gives dH, dW bitwise equal to the in-place float32 gradient then the cast kernel (the switch off: the path
     before), one cast less per (row block, vocabulary chunk); 4 row blocks (batch-invariant: the last one padded) x 5
     chunks (the last of odd width), ignored rows, an entropy gradient. A trained bias keeps the in-place path (its
-    column sums read the float32 gradient): the same calls, db bitwise too."""
+    column sums read the float32 gradient): the same calls, db bitwise too. The gradient epilogue, which replaces
+    the tile where it runs (epilogue_gemm.GRAD, under ENABLED True or "auto"), is switched off: this is the tile's
+    test (the epilogue's: tests/test_linear_logp_epilogue.py)."""
+    from rlkernel.ops.fused import epilogue_gemm
     from rlkernel.ops.fused import linear_logp as fused_linear
+
+    monkeypatch.setattr(epilogue_gemm, "GRAD", False)
 
     n, h, v = 300, 256, 5001
     hidden, weight, b, ids = make(n, h, v, device="cuda", bias=bias != "none", seed=21, dtype=dtype)
