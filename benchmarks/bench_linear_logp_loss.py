@@ -15,6 +15,9 @@ Methods (each a row; the reproduction command is printed beside it):
   without it; ``loss-epi-tile``: ``loss-epi`` with the gradient epilogue off (``GRAD = False``: the backward's float32
   logits buffer, logp backward kernel and cast); ``loss-epi-pp``, ``fwd-loss-epi-pp``: its ping-pong
   config (``CONFIG = 1``, bf16); ``loss-epi-c2``, ``fwd-loss-epi-c2``: its 2 x 1 cluster config (``CONFIG = 2``);
+- ``loss-f32``, ``fwd-loss-f32``: ``loss`` / ``fwd-loss`` with ``logits_dtype=torch.float32`` on the cuBLAS path
+  (epilogue GEMM off: the float32-output GEMM, its float32 logits buffer kept for the backward); ``loss-f32-auto``,
+  ``fwd-loss-f32-auto``: the same calls under ``ENABLED = "auto"``, whatever it takes there (recorded in the note);
 - ``liger``: ``LigerFusedLinearCrossEntropyLoss(reduction="none")(weight, hidden, ids).sum().backward()``
   (it too computes its gradients in the forward; cross-entropy only, no entropy).
 Median of --repeat runs, each timed by its own pair of CUDA events after --warmup runs; gradients reset to None
@@ -38,7 +41,8 @@ from _timing import events_median, parse_nhv, peak_extra  # noqa: E402 (beside t
 from rlkernel.cli import EXIT_BLOCKED, EXIT_OK, CliError, OneLineParser  # noqa: E402
 
 METHODS = ("matmul", "loss", "loss-native", "liger", "loss-epi", "loss-epi-tile", "fwd-loss", "fwd-loss-epi",
-           "loss-epi-pp", "fwd-loss-epi-pp", "loss-epi-c2", "fwd-loss-epi-c2")
+           "loss-epi-pp", "fwd-loss-epi-pp", "loss-epi-c2", "fwd-loss-epi-c2", "loss-f32", "fwd-loss-f32",
+           "loss-f32-auto", "fwd-loss-f32-auto")
 DEFAULT_METHODS = ("matmul", "loss", "liger")
 
 
@@ -90,7 +94,7 @@ def make_methods(n, h, v, dtype, args):
 
     out["matmul"] = (mm, mm_prep)
 
-    def loss(backend, epilogue=False, grad=True, config=0, grad_epilogue=True):
+    def loss(backend, epilogue=False, grad=True, config=0, grad_epilogue=True, logits_dtype=None):
         from rlkernel.ops.fused import epilogue_gemm
 
         def run():
@@ -99,7 +103,8 @@ def make_methods(n, h, v, dtype, args):
             try:
                 with torch.set_grad_enabled(grad):
                     out = rlkernel.linear_logp_loss(hidden, weight, ids, fn, temperature=args.temperature,
-                                                    backend=backend, chunk_size=args.chunk_size)
+                                                    backend=backend, chunk_size=args.chunk_size,
+                                                    logits_dtype=logits_dtype)
                     if grad:
                         out.backward()
             finally:
@@ -116,6 +121,9 @@ def make_methods(n, h, v, dtype, args):
     out["fwd-loss-epi-pp"] = loss("fused", epilogue=True, grad=False, config=1)
     out["loss-epi-c2"] = loss("fused", epilogue=True, config=2)
     out["fwd-loss-epi-c2"] = loss("fused", epilogue=True, grad=False, config=2)
+    for suffix, enabled in (("", False), ("-auto", "auto")):
+        out[f"loss-f32{suffix}"] = loss("fused", epilogue=enabled, logits_dtype=torch.float32)
+        out[f"fwd-loss-f32{suffix}"] = loss("fused", epilogue=enabled, grad=False, logits_dtype=torch.float32)
 
     def liger():
         try:
@@ -155,6 +163,8 @@ def main(argv=None) -> int:
         print(f"bench_linear_logp_loss: {exc}", file=sys.stderr)
         return exc.code
     os.environ["RLKERNEL_VALIDATE"] = "0"
+    from rlkernel.ops.fused import epilogue_gemm
+
     dtype = getattr(torch, args.dtype)
     print(f"# {torch.cuda.get_device_name()} | torch {torch.__version__} | {args.dtype} | median of {args.repeat} "
           f"(warmup {args.warmup})")
@@ -174,6 +184,7 @@ def main(argv=None) -> int:
                 print(f"{f'{n}x{h}x{v}':>22} {m:>12} {'-':>9} {'-':>9} {'-':>8} {'-':>9}  skipped: {entry}")
                 continue
             fn, prep = entry
+            epilogue_gemm.reset_records()
             try:
                 ms = events_median(fn, prep, args.warmup, args.repeat)
                 peak = peak_extra(fn, prep)
@@ -190,8 +201,11 @@ def main(argv=None) -> int:
             grads = 0 if m == "matmul" or m.startswith("fwd-") else (n * h + v * h) * dtype.itemsize
             tflops = gemms * 2 * n * h * v / (ms * 1e-3) / 1e12
             ratio = f"{ms / base_ms:.2f}" if base_ms else "-"
+            # the "-auto" rows: which forward ENABLED="auto" took, and why not the epilogue GEMM where it did not
+            took = ("  took: " + "; ".join(f"{kernel} {why}".strip() for kernel, why in epilogue_gemm.records())
+                    if m.endswith("-auto") else "")
             print(f"{f'{n}x{h}x{v}':>22} {m:>12} {ms:9.2f} {ratio:>9} {tflops:8.0f} {peak / 2 ** 30:9.2f} "
-                  f"{(peak - grads) / 1e9:9.3f}  {cmd}",
+                  f"{(peak - grads) / 1e9:9.3f}  {cmd}{took}",
                   flush=True)
         del fns
         torch.cuda.empty_cache()

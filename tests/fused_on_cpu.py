@@ -197,8 +197,14 @@ aten.impl("addmm.dtype_out", lambda c, a, b, dt, beta=1, alpha=1, out=None: out.
 
 import rlkernel  # noqa: E402
 from rlkernel import _ext, errors  # noqa: E402
+from rlkernel.ops.fused import epilogue_gemm  # noqa: E402
 from rlkernel.ops.fused import linear_logp as F  # noqa: E402
 from rlkernel.ops.native.linear_logp import linear_logp_native  # noqa: E402
+
+# argv[1], if any: epilogue_gemm.ENABLED for the whole run ("auto" or "True": every call must still reach the
+# cuBLAS path's stand-ins, the epilogue GEMM refusing CPU tensors with a reason instead of querying a GPU)
+if len(sys.argv) > 1:
+    epilogue_gemm.ENABLED = {"False": False, "True": True, "auto": "auto"}[sys.argv[1]]
 
 _ext.load = lambda: None
 # a GPU machine's in-tree rlkernel._C would register the real ops over the stand-ins above: TORCH_LIBRARY aborts
@@ -279,8 +285,6 @@ for dt in (torch.bfloat16, torch.float16):
 # stand-in forms the float32 logits of the chunk it is given and hands them to grad_tile's, so the orchestration's
 # slices (weight and bias chunk, ids, stats and gradient rows, the output view) are what is checked, against the
 # float32 tile path; grad_reason (which needs an sm_90 GPU) is patched to say yes
-from rlkernel.ops.fused import epilogue_gemm  # noqa: E402
-
 lib.define("linear_logp_grad_epilogue(Tensor hidden, Tensor weight, Tensor? bias, Tensor token_ids, Tensor stats, "
            "Tensor? grad_logp, Tensor? grad_entropy, Tensor entropy, int col0, int vocab, float temperature, "
            "int ignore_index, Tensor(a!) out, int config=0) -> ()")

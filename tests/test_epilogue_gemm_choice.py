@@ -73,7 +73,7 @@ def test_auto_takes_float32_logits_calls_at_small_hidden_sizes_only(switches):
     """ENABLED='auto' is the measured policy: a larger hidden size, a call with 16-bit logits (the epilogue's
     float32 ones would make a call's log-probs depend on whether a backward runs), or a loss whose backward would
     then recompute the logits keeps the cuBLAS path, each with its own reason; past those the remaining checks run
-    as with True (here the first CPU-reachable one, the dtype)."""
+    as with True (on CPU tensors the device check's reason, before any GPU query)."""
     switches.setattr(epilogue_gemm, "ENABLED", "auto")
     limit = epilogue_gemm.AUTO_MAX_HIDDEN
     wide = torch.zeros(2, limit + 8, dtype=torch.bfloat16), torch.zeros(4, limit + 8, dtype=torch.bfloat16)
@@ -86,10 +86,14 @@ def test_auto_takes_float32_logits_calls_at_small_hidden_sizes_only(switches):
             "on whether a backward runs)")
     assert epilogue_gemm.reason(h, w, None, False, True, logits32=True, adds_recompute=True) == (
         "ENABLED='auto': the backward would recompute the logits the cuBLAS path keeps (measured slower)")
+    for need_backward in (False, True):  # float32 logits, with or without a backward: past the "auto" rules, to
+        # the first check that needs a GPU (CPU tensors here)
+        assert epilogue_gemm.reason(h, w, None, False, need_backward, logits32=True) == (
+            "cpu tensors (a CUDA GPU only)")
     h32, w32 = operands(torch.float32)
-    for need_backward in (False, True):  # float32 logits, with or without a backward: past the "auto" rules
-        assert epilogue_gemm.reason(h32, w32, None, False, need_backward, logits32=True) == (
-            "torch.float32 inputs (bfloat16 / float16 only)")
+    # float32 inputs are named as such before any "auto" rule (their logits are float32 whatever was asked)
+    assert epilogue_gemm.reason(h32, w32, None, False, False, logits32=False) == (
+        "torch.float32 inputs (bfloat16 / float16 only)")
     # the gradient epilogue is a float32-logits backward: only the hidden size rule applies to it
     assert epilogue_gemm.grad_reason(*wide, None, False, False, None).startswith("ENABLED='auto': hidden size")
     assert epilogue_gemm.grad_reason(h32, w32, None, False, False, None) == (

@@ -25,10 +25,8 @@ from rlkernel import dispatch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["cooperative", "pingpong", "cluster2"])
-def epi(request, monkeypatch):
-    """The fused module with the epilogue GEMM switched on in each config (its records reset; float16 runs config
-    0 either way); the switches restored after."""
+def require_epilogue_build() -> None:
+    """Skip on GPUs other than compute capability 9.0; fail where the extension or its CUTLASS build is missing."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the epilogue GEMM needs a compute capability 9.0 GPU")
     from rlkernel import _ext
@@ -39,6 +37,13 @@ def epi(request, monkeypatch):
     _ext.load()
     if not torch.ops.rlkernel.linear_logp_epilogue_built():
         pytest.fail("rlkernel._C was built without the CUTLASS headers (pip install nvidia-cutlass==4.2.0.0, rebuild)")
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["cooperative", "pingpong", "cluster2"])
+def epi(request, monkeypatch):
+    """The fused module with the epilogue GEMM switched on in each config (its records reset; float16 runs config
+    0 either way); the switches restored after."""
+    require_epilogue_build()
     from rlkernel.ops.fused import epilogue_gemm
     from rlkernel.ops.fused import linear_logp as linear_logp_fused
 
@@ -358,8 +363,7 @@ def test_auto_gives_one_answer_with_or_without_a_backward(f32, monkeypatch):
     epilogue GEMM with and without a backward, a bf16-logits call the cuBLAS path both ways (its reason recorded), so
     the log-probs a rollout or a reference model takes without autograd are bitwise the ones the training forward
     gives, and the importance ratio of the two is exactly 1."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the epilogue GEMM needs a compute capability 9.0 GPU")
+    require_epilogue_build()
     from rlkernel.ops.fused import epilogue_gemm
 
     monkeypatch.setattr(epilogue_gemm, "ENABLED", "auto")

@@ -8,14 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_fused_orchestration_matches_native_on_cpu():
+@pytest.mark.parametrize("epilogue", [None, "auto"], ids=["default", "epilogue-auto"])
+def test_fused_orchestration_matches_native_on_cpu(epilogue):
+    """epilogue: rlkernel.ops.fused.epilogue_gemm.ENABLED for the run (None: the shipped default)."""
     env = dict(os.environ, PYTHONPATH=pythonpath())
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fused_on_cpu.py")], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "fused_on_cpu.py"), *([epilogue] if epilogue else [])],
+                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("ALL OK"), (proc.stdout[-3000:] +
                                                                               proc.stderr[-3000:])

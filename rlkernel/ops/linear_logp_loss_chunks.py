@@ -146,9 +146,10 @@ def fused_pass(hidden, weight, bias, token_ids, spec: Spec, needs):
     # epilogue's GEMM where it runs
     rows_opt = spec.rows
     # the gradient epilogue's verdict first (None: it runs, or a float32 input, which the forward's reason names):
-    # where it does not run, the epilogue forward would make the backward recompute the logits this path keeps
+    # where it cannot run, a backward after the epilogue forward would recompute the logits this path keeps. Asked
+    # with or without a gradient, so that under "auto" a call takes the same forward either way
     gwhy = (epilogue_gemm.grad_reason(h, weight, bias, False, False, rows_opt)
-            if need_grad and n and h.dtype != torch.float32 else None)
+            if n and h.dtype != torch.float32 else None)
     why = ("n = 0" if not n else "per-row temperature / softcap (the option kernels)" if rows_opt is not None
            else epilogue_gemm.reason(h, weight, bias, False, need_grad, logits32=spec.logits32,
                                      adds_recompute=gwhy is not None))

@@ -90,10 +90,14 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
     """None where the epilogue GEMM computes this forward; else why not (one line). ``need_backward``: the
     backward will run, and needs the float32-logits GEMM (``blas.float32_output_gemm``) to match its softmax.
     Under ``"auto"`` only: ``logits32``, the call asked for float32 logits (``logits_dtype=torch.float32``);
-    ``adds_recompute``, with the epilogue forward the backward would recompute logits that the cuBLAS path keeps
-    (``linear_logp_loss`` where the gradient epilogue does not run)."""
+    ``adds_recompute``, a backward after the epilogue forward (where one runs) would recompute logits that the
+    cuBLAS path keeps (``linear_logp_loss`` where the gradient epilogue cannot run)."""
     if not ENABLED:
         return "switched off (rlkernel.ops.fused.epilogue_gemm.ENABLED)"
+    if ENABLED is not True and ENABLED != "auto":
+        raise ValueError(f"epilogue_gemm.ENABLED must be False, True or 'auto', not {ENABLED!r}")
+    if rows2d.dtype not in _DTYPES:
+        return f"{rows2d.dtype} inputs (bfloat16 / float16 only)"
     if ENABLED == "auto":
         if rows2d.shape[-1] > AUTO_MAX_HIDDEN:
             return f"ENABLED='auto': hidden size > {AUTO_MAX_HIDDEN} (the cuBLAS path measured faster at 4096)"
@@ -102,12 +106,10 @@ def reason(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invariant: bo
                     "depend on whether a backward runs)")
         if adds_recompute:
             return "ENABLED='auto': the backward would recompute the logits the cuBLAS path keeps (measured slower)"
-    elif ENABLED is not True:
-        raise ValueError(f"epilogue_gemm.ENABLED must be False, True or 'auto', not {ENABLED!r}")
-    if rows2d.dtype not in _DTYPES:
-        return f"{rows2d.dtype} inputs (bfloat16 / float16 only)"
     if batch_invariant and not BATCH_INVARIANT:
         return "batch_invariant=True (epilogue_gemm.BATCH_INVARIANT is off)"
+    if rows2d.device.type != "cuda":  # the device queries below need one (tests stand the ops in on CPU)
+        return f"{rows2d.device.type} tensors (a CUDA GPU only)"
     if torch.cuda.get_device_capability(rows2d.device) != (9, 0):
         return "needs a compute capability 9.0 GPU (wgmma, TMA)"
     if "sm_90a" not in _ext.built_archs():
