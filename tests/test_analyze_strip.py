@@ -6,6 +6,8 @@ import json
 import pathlib
 import socket
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -101,6 +103,49 @@ def test_strip_refuses_to_overwrite_its_source(tmp_path):
     with pytest.raises(ValueError, match="same file"):
         load_tool().strip(str(src), str(tmp_path / "." / "t.sqlite"), [])
     assert src.stat().st_size > 0  # not deleted first
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
+    """A missing or non-SQLite source, a missing or directory destination, an unknown flag: one line, exit 2, no
+    file created (sqlite3.connect would create a missing source) and an existing destination left as it was."""
+    keep = tmp_path / "keep.sqlite"
+    sqlite3.connect(keep).execute("CREATE TABLE t (x TEXT)").connection.commit()
+    before = keep.read_bytes()
+    (tmp_path / "notdb.sqlite").write_text("not a database")
+    cases = [(("missing.sqlite", "out.sqlite"), "missing.sqlite: no such file"),
+             (("notdb.sqlite", keep), "not an SQLite database"),
+             ((keep, tmp_path / "nodir" / "out.sqlite"), "no such directory"),
+             ((keep, tmp_path), "a directory"),
+             (("--bogus", "x.sqlite"), "usage: strip_export.py"),
+             (("only-one.sqlite",), "usage: strip_export.py"),
+             (("missing.json", "out.json"), "missing.json: no such file")]
+    for args, message in cases:
+        before_files = sorted(p.name for p in tmp_path.iterdir())
+        proc = _cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.returncode, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and message in lines[0], (args, lines)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before_files, args
+    assert keep.read_bytes() == before
+
+
+def test_cli_failed_work_leaves_the_destination_as_it_was(tmp_path):
+    """A source with an SQLite header and a corrupt body passes the checks and fails in SQLite itself: exit 1 with
+    one line, the existing destination untouched and no temporary file left beside it."""
+    src = tmp_path / "corrupt.sqlite"
+    src.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 16)
+    dst = tmp_path / "fixture.sqlite"
+    dst.write_bytes(b"the committed fixture")
+    proc = _cli(src, dst, cwd=tmp_path)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, (proc.returncode, proc.stderr)
+    assert "fixture.sqlite not written" in proc.stderr
+    assert dst.read_bytes() == b"the committed fixture"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corrupt.sqlite", "fixture.sqlite"]
 
 
 def test_strip_manifest_scrubs_command_steps_and_tools(tmp_path):
