@@ -178,13 +178,16 @@ def native_ops(manifest: dict | None) -> list[str]:
 
 
 def fused_patterns(manifest: dict | None, known: dict[str, dict], present: set[str], cli: list[str]) -> list[str]:
-    pats: list[str] = []
+    """The globs whose kernels prove a fused path: rlkernel's own (``rlkernel_*``: every fused kernel of ours is so
+    named, docs/contracts.md section 3), the registry's for the workloads present, the manifest's and ``cli``'s,
+    all added together (a user's ``--fused-pattern 'liger*'`` must not turn rlkernel's fused ops into fallbacks)."""
+    pats: list[str] = list(DEFAULT_PATTERNS)
     for name in sorted(present):
         pats += known.get(name, {}).get("fused_patterns", [])
     for w in (manifest or {}).get("workloads", []):
         pats += w.get("fused_patterns", [])
     pats += cli
-    return sorted(set(pats)) or list(DEFAULT_PATTERNS)
+    return sorted(set(pats))
 
 
 def helper_globs() -> list[tuple[str, str]]:

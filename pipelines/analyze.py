@@ -63,8 +63,8 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
                         "nothing else, replaced as a whole by each run (default: the run's report/, or "
                         "reports/<trace stem>/); with several INPUTs, one subfolder per input")
     p.add_argument("--fused-pattern", metavar="GLOB", action="append", default=[],
-                   help="kernel-name glob proving the fused path, added to the registry's and the manifest's "
-                        "(default when none: rlkernel_*); matched against the short and the demangled name")
+                   help="kernel-name glob proving the fused path, added to rlkernel_* and to the registry's and "
+                        "the manifest's; matched against the short and the demangled name")
     p.add_argument("--range", metavar="NAME", action="append", default=[], dest="ranges",
                    help="also judge this NVTX range as a workload (`domain:name`, `:name` for the default "
                         "domain, or the bare name in any domain)")
@@ -188,6 +188,8 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
+    if any(not p.strip() for p in args.fused_pattern):
+        raise UsageError("--fused-pattern: an empty glob matches no kernel name; give a glob such as 'liger_*'")
     if args.no_step_view and (args.phases or args.step_range):
         raise UsageError("--no-step-view leaves the RL-step view out: give it without --phase and --step-range")
     if args.ranks is not None or args.executor != "local" or args.jobs is not None:
@@ -317,8 +319,10 @@ def run_ranks(args: argparse.Namespace) -> int:
     except phase_view.PhaseError as e:
         raise UsageError(str(e)) from None
     fails = cross_rank.failures(red) if args.require_fused else []
+    syncs = cross_rank.sync_failures(red) if args.require_no_sync else []
+    files = cross_rank.outputs(red, title, fails + [f"host sync: {f}" for f in syncs])
     try:
-        written = outdir.replace_dir(out, cross_rank.outputs(red, title, fails), on_wait=lambda: say(
+        written = outdir.replace_dir(out, files, on_wait=lambda: say(
             f"{PROG}: waiting for another run writing beside {out}", sys.stderr))
     except outdir.OutputError as e:
         raise UsageError(str(e)) from None
@@ -332,7 +336,9 @@ def run_ranks(args: argparse.Namespace) -> int:
         say("  note: " + cross_rank.COMM_NOTE.format(patterns=", ".join(ranks.COMM_PATTERNS)))
     for f in fails:
         say(f"{PROG}: not fused: {f}", sys.stderr)
-    return EXIT_CHECK_FAILED if fails else EXIT_OK
+    for f in syncs:
+        say(f"{PROG}: host sync: {f}", sys.stderr)
+    return EXIT_CHECK_FAILED if fails or syncs else EXIT_OK
 
 
 def say(line: str, file=None) -> None:

@@ -118,6 +118,11 @@ def failures(red: Reduced) -> list[str]:
     return bad
 
 
+def sync_failures(red: Reduced) -> list[str]:
+    """--require-no-sync across ranks: every rank's own held host syncs (each rank's map step lists them)."""
+    return [f"rank {i['rank']}: {f}" for i in red.infos for f in i["sync_failures"]]
+
+
 NOT_JUDGED = "no verdict (verdicts judge workload and op ranges only)"
 COMM_NOTE = ("comm_ns is 0 on every rank: no kernel matches {patterns}. A gloo job's collectives run on the CPU, so "
              "their time is in the ranges' spans, not on the GPU.")

@@ -227,7 +227,8 @@ def analyze_rank(job: RankJob) -> RankPartial:
     info = {"rank": spec.rank, "source": spec.label, "trace": str(spec.source.trace),
             "pid": spec.proc & _PID_MASK if spec.proc is not None else None, "device": spec.device,
             "session_start_ns": int(start) if start is not None else None, "counts": dict(res.counts),
-            "patterns": list(res.patterns), "failures": analysis.failures(res), "meta": res.meta,
+            "patterns": list(res.patterns), "failures": analysis.failures(res),
+            "sync_failures": analysis.sync_failures(res), "meta": res.meta,
             "rows": rows, "seconds": res.seconds,
             "headline": res.phase_view.headline if res.phase_view is not None else ""}
     return RankPartial(spec.rank, out, info)

@@ -51,3 +51,19 @@ def test_a_training_step_may_sync_between_its_ops(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "grpo-step #" not in err
     assert rc == (1 if "host sync:" in err else 0)
+
+
+def test_ranks_run_the_check_on_every_rank(tmp_path, capsys):
+    """--ranks DIR --require-no-sync: each rank's held syncs, named with the rank; --ranks once skipped the check."""
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for r in (0, 1):
+        (ranks / f"trace_rank{r}.sqlite").symlink_to((DATA / "example_with_sync" / "trace.sqlite").resolve())
+    rc, out = run(tmp_path, "--ranks", ranks, "--require-no-sync")
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    for r in (0, 1):
+        assert f"host sync: rank {r}: workload rlkernel:logp-fused #1: cudaStreamSynchronize" in err
+    assert "host sync:" in (out / "report.html").read_text()
+    rc, _ = run(tmp_path, "--ranks", ranks)
+    assert rc == 0 and "host sync" not in capsys.readouterr().err

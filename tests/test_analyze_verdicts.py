@@ -75,11 +75,25 @@ def test_pattern_from_the_command_line_turns_aten_kernels_fused():
 
 
 def test_fused_patterns_sources():
-    assert analysis.fused_patterns(None, {}, set(), []) == ["rlkernel_*"]  # the default when none is given
+    """rlkernel's own glob always, the others added to it (a --fused-pattern never replaces it)."""
+    assert analysis.fused_patterns(None, {}, set(), []) == ["rlkernel_*"]
+    assert analysis.fused_patterns(None, {}, set(), ["liger*"]) == ["liger*", "rlkernel_*"]
     m = {"workloads": [{"name": "w", "fused_patterns": ["mine_*"]}]}
-    assert analysis.fused_patterns(m, {}, set(), ["cli_*"]) == ["cli_*", "mine_*"]
+    assert analysis.fused_patterns(m, {}, set(), ["cli_*"]) == ["cli_*", "mine_*", "rlkernel_*"]
     known = {"w": {"fused_patterns": ["reg_*"]}}
-    assert analysis.fused_patterns(None, known, {"w"}, []) == ["reg_*"]
+    assert analysis.fused_patterns(None, known, {"w"}, []) == ["reg_*", "rlkernel_*"]
+
+
+def test_a_cli_pattern_keeps_rlkernel_ops_fused(tmp_path):
+    """--fused-pattern 'liger*' on a trace of rlkernel's fused ops: they stay fused (the glob once replaced
+    rlkernel_*, and every rlkernel op range read fallback); an empty glob is a usage error."""
+    from pipelines import analyze
+
+    base = run().tables["dispatch"]
+    with_cli = run(patterns=["liger*"]).tables["dispatch"]
+    assert list(with_cli["verdict"]) == list(base["verdict"]) and "fused" in set(base["verdict"])
+    assert analyze.main([str(DATA / "verdicts"), "--fused-pattern", "", "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
 
 
 def test_range_option_judges_another_programs_range_on_its_own_kernels():
