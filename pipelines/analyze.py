@@ -21,6 +21,7 @@ from rlkernel import textsafe
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -360,6 +361,8 @@ def verdict(argv, prog: str = f"python -m {MODULE}") -> tuple[int, str]:
         return EXIT_USAGE, str(e)
     except trace_db.ExtensionMissing as e:
         return EXIT_BLOCKED, str(e)
+    except KeyboardInterrupt:  # the reports are swapped in whole (outdir.replace_dir): none or the complete set
+        return EXIT_INTERRUPTED, "interrupted (Ctrl-C)"
 
 
 def main(argv=None) -> int:

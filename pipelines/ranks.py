@@ -250,8 +250,15 @@ def run_local(jobs: list[RankJob], workers: int | None = None) -> list[RankParti
         return [analyze_rank(j) for j in jobs]
     # spawn, not fork: DuckDB's threads in this process must not be copied mid-state into the children
     with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+                                                initializer=pool_worker_init, initargs=(os.getpid(),)) as pool:
         return list(pool.map(analyze_rank, jobs))
+
+
+def pool_worker_init(parent: int) -> None:
+    """A pool worker's initializer: Ctrl-C (sent to the whole process group) ends it at once with no traceback of
+    its own (SIGINT's default action; the parent says it in one line), and it dies with its parent."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    die_with_parent(parent)
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -364,3 +364,16 @@ def test_compare_flags_a_lost_fused_verdict(tmp_path, capsys):
     rows = {(r["kind"], r["name"]): r for r in csv.DictReader(open(out / "compare.csv"))}
     g = rows[("workload", "rlkernel:grpo-step")]
     assert (g["base_verdict"], g["cur_verdict"], g["regression"]) == ("fused", "fallback", "True")
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """KeyboardInterrupt during the analysis (the signal stood in for: where it lands is a matter of timing):
+    one line, no traceback, exit 130, no report folder."""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analyze, "run", interrupted)
+    assert analyze.main([str(DATA / "verdicts"), "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"{analyze.PROG}: interrupted (Ctrl-C)"] and "Traceback" not in err
+    assert not (tmp_path / "o").exists()

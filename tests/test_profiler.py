@@ -352,3 +352,16 @@ def test_quantiles_interpolate_like_numpy():
     assert (stats.p20_ms, stats.p80_ms) == (pytest.approx(1.6), pytest.approx(3.4))
     with pytest.raises(ValueError):
         quantile([], 0.5)
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
+    """KeyboardInterrupt during the suite (stood in for: where the signal lands is timing): one line, no
+    traceback, exit 130, no report written."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run_suite", interrupted)
+    assert cli.main(["--device", "cpu", "--smoke", "--workloads", "logp-native", "--output-dir", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].endswith("interrupted (Ctrl-C)") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

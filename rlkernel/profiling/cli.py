@@ -14,6 +14,7 @@ from rlkernel import env, workloads
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     OUTPUT_DIR_HINTS,
     CliError,
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(full[1:], shlex.join(full), prog)
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
+    except KeyboardInterrupt:  # write_reports replaces its files whole: none of this run's, or all of them
+        return fail(PROG, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
