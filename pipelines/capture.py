@@ -36,6 +36,7 @@ from rlkernel.cli import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    INT64_MAX,
     OUTPUT_DIR_HINTS,
     CliError,
     OneLineParser,
@@ -149,9 +150,12 @@ def validate(args) -> None:
     for flag in ("batch_size", "seq_len", "vocab_size", "repeat"):
         if getattr(args, flag) < 1:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    for flag in ("warmup", "top_k"):
+    for flag in ("warmup", "top_k", "seed"):
         if getattr(args, flag) < 0:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    for flag in ("batch_size", "seq_len", "vocab_size", "repeat", "warmup", "top_k", "seed"):
+        if getattr(args, flag) > INT64_MAX:  # torch takes sizes and seeds as int64: past it, a failed run, not exit 2
+            raise CliError(f"--{flag.replace('_', '-')} {getattr(args, flag)} does not fit a 64-bit integer")
     if not (math.isfinite(args.top_p) and 0 < args.top_p <= 1):
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
     shape = workloads.Shape(args.batch_size, args.seq_len, args.vocab_size, args.top_k, args.top_p, args.temperature)

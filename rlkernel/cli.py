@@ -11,6 +11,7 @@ EXIT_CHECK_FAILED = 1  # a check the user asked for failed
 EXIT_USAGE = 2  # bad input or usage
 EXIT_BLOCKED = 3  # this machine lacks what the command needs
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports a process SIGINT ended
+INT64_MAX = 2 ** 63 - 1  # the largest size, count or seed a CLI passes on (torch takes them as int64)
 
 
 class CliError(Exception):

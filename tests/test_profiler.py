@@ -272,6 +272,8 @@ def test_sampling_ignores_seq_lens(tmp_path, capsys):
     (["--seq-lens", "4,x"], 2, "expected comma-separated integers"),
     (["--repeat", "0"], 2, "expected an integer >= 1"),
     (["--warmup", "-1"], 2, "expected an integer >= 0"),
+    (["--seed", "99999999999999999999"], 2, "expected an integer that fits 64 bits"),
+    (["--vocab-sizes", f"32,{2 ** 63}"], 2, "expected integers that fit 64 bits"),
     (["--top-p", "1.5"], 2, "--top-p must be in (0, 1]"),
     (["--temperature", "nan"], 2, "--temperature must be a finite number >= 0"),
     (["--temperature", "0", "--workloads", "logp-native"], 2, "applies only to sampling workloads"),

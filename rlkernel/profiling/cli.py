@@ -16,6 +16,7 @@ from rlkernel.cli import (
     EXIT_CHECK_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    INT64_MAX,
     OUTPUT_DIR_HINTS,
     CliError,
     OneLineParser,
@@ -43,6 +44,8 @@ def _int_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if any(v > INT64_MAX for v in values):  # torch takes sizes as int64: past it a failed row, not a usage error
+        raise argparse.ArgumentTypeError(f"expected integers that fit 64 bits, got {text!r}")
     return tuple(dict.fromkeys(values))  # a repeated value would only give a duplicate row
 
 
@@ -53,6 +56,8 @@ def _nonneg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if v < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    if v > INT64_MAX:  # a seed or a count torch takes as int64
+        raise argparse.ArgumentTypeError(f"expected an integer that fits 64 bits, got {v}")
     return v
 
 
