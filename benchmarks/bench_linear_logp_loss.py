@@ -29,6 +29,7 @@ built (``loss`` needs it).
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -152,6 +153,10 @@ def main(argv=None) -> int:
             raise CliError(f"--methods: unknown {', '.join(bad)} (known: {', '.join(METHODS)})")
         if args.warmup < 0 or args.repeat < 1:
             raise CliError("--warmup must be >= 0 and --repeat >= 1")
+        if args.chunk_size is not None and args.chunk_size < 1:
+            raise CliError(f"--chunk-size must be >= 1, got {args.chunk_size}")
+        if not (math.isfinite(args.temperature) and args.temperature > 0):
+            raise CliError(f"--temperature must be a finite number > 0, got {args.temperature}")
         if not torch.cuda.is_available():
             raise CliError("needs CUDA (this benchmark times GPU kernels)", EXIT_BLOCKED)
         from rlkernel import _ext

@@ -4,6 +4,8 @@ Times, on the host clock, N pushes/pops of ``rlkernel.nvtx_ranges.op_range`` aga
 sets that against one ``rlkernel.logp`` call on a small input, so the cost is read as a fraction of real work.
 
     python benchmarks/bench_nvtx_overhead.py [--iters 200000] [--device cpu|cuda]
+
+Exit codes: 0 done, 2 bad arguments (or a bad RLKERNEL_* variable), 3 --device cuda without CUDA.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import time
 import torch
 
 import rlkernel
-from rlkernel.cli import CliError, OneLineParser
+from rlkernel.cli import CliError, OneLineParser, check_env_flags
 from rlkernel.nvtx_ranges import op_range
 
 
@@ -31,10 +33,15 @@ def _per_call_ns(fn, iters: int, rounds: int = 7) -> float:
 
 def main(argv=None) -> int:
     ap = OneLineParser(prog="bench_nvtx_overhead", description=__doc__.splitlines()[0])
-    ap.add_argument("--iters", type=int, default=200_000)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--iters", type=int, default=200_000, help="pushes/pops per timed round (>= 1000)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     try:
         args = ap.parse_args(argv)
+        if args.iters < 1000:  # the logp call is timed over iters // 1000 calls (at least 50)
+            raise CliError(f"--iters must be >= 1000, got {args.iters}")
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise CliError("--device cuda: no CUDA device here", 3)
+        check_env_flags()  # RLKERNEL_REQUIRE_FUSED / _VALIDATE, read by the logp call: a bad value is exit 2
     except CliError as exc:
         print(f"bench_nvtx_overhead: {exc}", file=sys.stderr)
         return exc.code

@@ -219,6 +219,16 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown", action="store_true", help="host time of each layer of a fused call (CUDA)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore", rlkernel.FallbackWarning)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = set(cases) - set(CASES) - set(SAMPLE_CASES)
+    bad = ("--calls and --runs must be >= 1" if args.calls < 1 or args.runs < 1
+           else "--cpu-only and --breakdown time fixed layers: give them without --cases"
+           if (args.cpu_only or args.breakdown) and args.cases != ",".join(CASES)
+           else "--cpu-only and --breakdown are two modes: give one" if args.cpu_only and args.breakdown
+           else f"unknown case(s) {', '.join(sorted(unknown))}" if unknown else None)
+    if bad:
+        print(f"bench_overhead: {bad}", file=sys.stderr)
+        return 2
     if args.cpu_only:
         cpu_only(args.calls * 10, args.runs)
         return 0
@@ -228,11 +238,6 @@ def main(argv=None) -> int:
     if args.breakdown:
         breakdown(args.calls, args.runs)
         return 0
-    cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - set(CASES) - set(SAMPLE_CASES)
-    if unknown:
-        print(f"bench_overhead: unknown case(s) {', '.join(sorted(unknown))}", file=sys.stderr)
-        return 2
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, calls {args.calls}, runs {args.runs}")
     print("| case | validate | syncs/call | b2b us/call | host us/call | graph us/call | b2b - graph |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -133,7 +133,16 @@ def main() -> int:
     if args.reps < 100:
         print("bench_sampling: --reps must be >= 100 (a median of at least 100 calls)", file=sys.stderr)
         return 2
-    bad = ("--top-k must be >= 0" if args.top_k < 0 else "--top-p must be in (0, 1]" if not 0 < args.top_p <= 1
+    try:
+        batches = [int(x) for x in args.batches.split(",")]
+    except ValueError:
+        batches = []
+    dtypes = args.dtypes.split(",")
+    bad = ("--batches must be comma-separated integers >= 1" if not batches or min(batches) < 1
+           else f"--dtypes: each of float32, bfloat16, float16, got {args.dtypes!r}"
+           if not set(dtypes) <= {"float32", "bfloat16", "float16"}
+           else "--vocab must be >= 1" if args.vocab < 1
+           else "--top-k must be >= 0" if args.top_k < 0 else "--top-p must be in (0, 1]" if not 0 < args.top_p <= 1
            else "--temperature must be > 0" if not args.temperature > 0
            else "--top-k 0 (no top-k) is timed with --logprobs only: the table's topk column needs k >= 1"
            if args.top_k == 0 and not args.logprobs else None)
