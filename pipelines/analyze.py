@@ -33,6 +33,7 @@ from rlkernel.cli import (
 # rlkernel.cli imports neither torch nor the rest of rlkernel: a bare trace analyzes without torch.
 MODULE = "pipelines.analyze"
 PROG = MODULE  # what its lines start with: main sets the name the user typed (rlkernel-analyze, ...)
+THRESHOLD_PCT = 5.0  # --compare: a fused workload this many percent slower is a regression
 
 # --out names the report folder itself (replaced whole); capture's and the profile suite's --output-dir name a
 # parent folder. An --output-dir alias would give one flag two meanings: a wrong flag is answered instead.
@@ -90,8 +91,8 @@ def parser(prog: str = f"python -m {MODULE}") -> argparse.ArgumentParser:
                    help="a baseline run directory or .sqlite: per workload and kernel, both sides' instance counts "
                         "and median time per instance, deltas and verdict changes (compare.csv, compare.json and "
                         "the HTML); exit 1 when a fused workload's median GPU busy time per repetition regresses")
-    p.add_argument("--threshold", metavar="PCT", type=float, default=5.0,
-                   help="--compare: percent slower that counts as a regression (default 5)")
+    p.add_argument("--threshold", metavar="PCT", type=float, default=None,
+                   help=f"--compare: percent slower that counts as a regression (default {THRESHOLD_PCT:g})")
     p.add_argument("--force", action="store_true",
                    help="--compare: write the comparison even when the runs are not comparable (another GPU model, "
                         "other workloads or shapes, another kernel set), marked as not comparable; without it such "
@@ -187,6 +188,9 @@ def check_ranges(names: list[str], range_tables: list[pd.DataFrame]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare is None and (args.force or args.threshold is not None):
+        raise UsageError("--threshold and --force go with --compare BASELINE (they tune the comparison)")
+    args.threshold = THRESHOLD_PCT if args.threshold is None else args.threshold
     if not math.isfinite(args.threshold) or args.threshold < 0:
         raise UsageError(f"--threshold must be a finite number >= 0, got {args.threshold}")
     if any(not p.strip() for p in args.fused_pattern):

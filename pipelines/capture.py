@@ -171,6 +171,8 @@ def validate(args) -> None:
             raise CliError(f"--ranks must be >= 1, got {args.ranks}")
         if args.tool != "nsys":
             raise CliError(f"--ranks traces with nsys only (one trace per rank), not --tool {args.tool}")
+    if args.tool == "nsys" and (args.ncu is not None or args.keep_ncu_rep):
+        raise CliError("--ncu and --keep-ncu-rep go with --tool ncu or --tool all (this capture runs nsys only)")
     check_output_dir(args.output_dir)
 
 

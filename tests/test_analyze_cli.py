@@ -124,11 +124,18 @@ def test_nsys_rep_says_how_to_export(tmp_path, capsys):
 
 
 def test_bad_threshold_and_unknown_option(tmp_path, capsys):
-    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "-1")
-    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "nan")
-    assert "--threshold" in _bad(tmp_path, capsys, DATA / "nvtx_mix", "--threshold", "inf")
+    base = ("--compare", DATA / "nvtx_mix")
+    for value in ("-1", "nan", "inf"):
+        assert "--threshold must be a finite number >= 0" in _bad(tmp_path, capsys, DATA / "nvtx_mix", *base,
+                                                                  "--threshold", value)
     assert "unrecognized arguments: --no-such-option" in _bad(tmp_path, capsys, "--no-such-option")
     assert "invalid float value" in _bad(tmp_path, capsys, "--threshold", "abc")
+
+
+def test_comparison_options_without_compare_are_refused(tmp_path, capsys):
+    """--threshold and --force tune --compare: alone they would be ignored without a word."""
+    for extra in (("--force",), ("--threshold", "3")):
+        assert "go with --compare BASELINE" in _bad(tmp_path, capsys, DATA / "nvtx_mix", *extra)
 
 
 def test_unknown_option_in_a_process_is_one_line_exit_2():

@@ -140,6 +140,8 @@ def test_command_lines():
     (["--workload", "logp-fused", "--seed", "99999999999999999999"], "--seed 99999999999999999999 does not fit"),
     (["--workload", "logp-fused", "--vocab-size", str(2 ** 63)], "--vocab-size 9223372036854775808 does not fit"),
     (["--workload", "logp-fused", "--seed", "-1"], "--seed must be >= 0"),
+    (["--workload", "logp-fused", "--ncu", "/opt/ncu"], "--ncu and --keep-ncu-rep go with --tool ncu"),
+    (["--workload", "logp-fused", "--keep-ncu-rep"], "--ncu and --keep-ncu-rep go with --tool ncu"),
     (["--workload", "logp-fused", "--ranks", "0"], "--ranks must be >= 1"),
     (["--workload", "logp-fused", "--ranks", "-2"], "--ranks must be >= 1"),
     (["--workload", "logp-fused", "--ranks", "two"], "--ranks"),
