@@ -27,6 +27,7 @@ unless --keep). Exit 1 when the two variants' CSVs differ.
 from __future__ import annotations
 
 import lzma
+import math
 import os
 import pathlib
 import re
@@ -231,6 +232,18 @@ def same_but_style(a: pathlib.Path, b: pathlib.Path) -> list[str]:
     return bad
 
 
+def _is_sqlite(path: pathlib.Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(16) == b"SQLite format 3\x00"
+    except OSError:
+        return False
+
+
+def _existing_parent(path: pathlib.Path) -> pathlib.Path:
+    return next(p for p in path.absolute().parents if p.exists())
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(prog="bench_analyze", description=__doc__.splitlines()[0])
     ap.add_argument("--kernels", type=int, default=1_000_000)
@@ -260,6 +273,15 @@ def main(argv=None) -> int:
             raise CliError(f"--export {args.export}: no such file")
         if args.limit is not None and args.export is None:
             raise CliError("--limit goes with --export")
+        if args.limit is not None and not (math.isfinite(args.limit) and args.limit > 0):
+            raise CliError(f"--limit must be a number of seconds > 0, got {args.limit}")
+        if args.export is None and not _is_sqlite(args.fixture):
+            raise CliError(f"--fixture {args.fixture}: not an SQLite export (the trace its workload is copied from)")
+        if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+            raise CliError(f"--workdir {args.workdir}: not a directory")
+        if args.workdir is not None and not os.access(args.workdir if args.workdir.exists() else
+                                                      _existing_parent(args.workdir), os.W_OK):
+            raise CliError(f"--workdir {args.workdir}: not writable")
     except CliError as exc:
         print(f"bench_analyze: {exc}", file=sys.stderr)
         return exc.code

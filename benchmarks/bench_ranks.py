@@ -97,6 +97,12 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/bench-ranks"))
     a = p.parse_args()
+    if not a.source.is_file():
+        p.error(f"--source {a.source}: no such file")
+    if a.kernels < 1 or a.ranks < 1:
+        p.error("--kernels and --ranks must be >= 1")
+    if a.work.exists() and not a.work.is_dir():
+        p.error(f"--work {a.work}: not a directory")
     one, many = a.work / "one", a.work / "many"
     for d in (one, many):
         shutil.rmtree(d, ignore_errors=True)

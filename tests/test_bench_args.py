@@ -1,7 +1,7 @@
 """The benchmarks refuse arguments they cannot run with one line and exit 2, before they look for a GPU (so this
 runs on CPU), and never with a traceback: bench_sampling (top-k 0 in the table mode, whose torch.topk column needs
 k >= 1; ``--logprobs`` times the fused calls alone, top-k 0 included), bench_linear_logp_loss, bench_nvtx_overhead
-(and a bad RLKERNEL_* variable, as at every CLI) and bench_overhead."""
+(and a bad RLKERNEL_* variable, as at every CLI), bench_overhead, bench_analyze and bench_ranks."""
 from __future__ import annotations
 
 import os
@@ -39,6 +39,9 @@ def bench(script, *args, **env):
     ("bench_overhead.py", ["--cpu-only", "--calls", "0"], "--calls and --runs must be >= 1"),
     ("bench_overhead.py", ["--cpu-only", "--cases", "sample-b1"], "give them without --cases"),
     ("bench_overhead.py", ["--cases", "bogus"], "unknown case(s) bogus"),
+    ("bench_analyze.py", ["--fixture", "/nonexistent.sqlite"], "--fixture /nonexistent.sqlite: not an SQLite export"),
+    ("bench_analyze.py", ["--workdir", __file__], "not a directory"),
+    ("bench_analyze.py", ["--export", __file__, "--limit", "nan"], "--limit must be a number of seconds > 0"),
 ])
 def test_bad_arguments_exit_2_with_one_line(script, args, message):
     proc = bench(script, *args)
@@ -46,6 +49,12 @@ def test_bad_arguments_exit_2_with_one_line(script, args, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr, lines
     assert proc.stdout == ""
+
+
+def test_bench_ranks_refuses_a_missing_source():
+    proc = bench("bench_ranks.py", "--source", "/nonexistent.sqlite")
+    assert proc.returncode == 2 and "--source /nonexistent.sqlite: no such file" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_bad_env_flag_is_exit_2():
