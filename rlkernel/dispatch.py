@@ -240,6 +240,21 @@ def _decide_for_trace(op, backend, require_fused, strict_env, device_type, dtype
     return rec.backend, rec.status, rec.reason, error
 
 
+def _decision(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype) -> tuple:
+    """(the Dispatch, the blocked error or None) of a call, decided once per key and cached, not recorded."""
+    key = (op, backend, bool(require_fused), strict_from_env(), device.type, dtype)
+    decision = _decisions.get(key)
+    if decision is None:
+        decision = _decisions[key] = _decide(*key)
+    return decision
+
+
+def would_block(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether ``resolve`` would refuse this call (``blocked``), asked without recording it: for a caller that must
+    not change its inputs before a call that will be refused (OpenRLHF's in-place temperature division)."""
+    return _decision(op, backend, require_fused, device, dtype)[1] is not None
+
+
 def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dtype: torch.dtype) -> Dispatch:
     """Decide and record the path of one call. Raises FusedKernelUnavailable (recorded `blocked`) before any work.
 
@@ -256,11 +271,7 @@ def resolve(op: str, backend: str, require_fused: bool, device: torch.device, dt
         rec = Dispatch(op, backend, ran, status, reason)
         _count_compiled(rec)
         return rec
-    key = (op, backend, bool(require_fused), strict_from_env(), device.type, dtype)
-    decision = _decisions.get(key)
-    if decision is None:
-        decision = _decisions[key] = _decide(*key)
-    rec, error = decision
+    rec, error = _decision(op, backend, require_fused, device, dtype)
     _count(rec)
     if error is not None:
         from rlkernel import _ext

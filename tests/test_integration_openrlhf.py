@@ -136,3 +136,31 @@ def test_require_fused_on_cpu_is_blocked_by_the_op():
     logits, labels = _logits()
     with rk_orl.apply(require_fused=True), pytest.raises(rlkernel.FusedKernelUnavailable):
         utils.log_probs_from_logits(logits.detach(), labels)
+
+
+def test_a_refused_call_leaves_the_logits_as_they_were():
+    """The contract's 'blocked before any work': the in-place temperature division is not done for a call that
+    rlkernel.logp refuses (a fused path demanded on CPU, labels of the wrong shape)."""
+    logits, labels = _logits()
+    before = logits.detach().clone()
+    x = logits.detach().clone()
+    with rk_orl.apply(backend="fused"), pytest.raises(rlkernel.FusedKernelUnavailable):
+        utils.log_probs_from_logits(x, labels, temperature=0.5)
+    assert torch.equal(x, before)
+    with rk_orl.apply(), pytest.raises(ValueError):
+        utils.log_probs_from_logits(x, labels[:, :-1], temperature=0.5)
+    assert torch.equal(x, before)
+
+
+def test_a_module_bound_while_applied_calls_openrlhfs_own_after_undo():
+    """A module imported while the patch is active binds the replacement; after undo() the replacement runs
+    OpenRLHF's own function again (no rlkernel record, OpenRLHF's values)."""
+    with rk_orl.apply():
+        bound_logp, bound_entropy = utils.log_probs_from_logits, utils.compute_entropy
+    logits, labels = _logits()
+    with dispatch.recording() as rec:
+        got = bound_logp(logits.detach().clone(), labels, 0.7)
+        ent = bound_entropy(logits.detach())
+    assert rec.records == []
+    assert torch.equal(got, ORIGINAL_LOGP(logits.detach().clone(), labels, 0.7))
+    assert torch.equal(ent, ORIGINAL_ENTROPY(logits.detach()))

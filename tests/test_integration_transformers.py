@@ -5,7 +5,9 @@ head ran instead of rlkernel's; a two-process gloo DDP run through the patched f
 transformers; required in `tox -e transformers` (tests/integration_support.py)."""
 from __future__ import annotations
 
+import copy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -353,3 +355,57 @@ def test_a_batch_without_scored_tokens_gives_loss_zero_where_the_model_gives_nan
     with rk.apply(model):
         out, g = loss_and_grads(model, ids, labels=labels)
     assert out.loss.item() == 0.0 and all(t.abs().sum() == 0 for t in g.values())
+
+
+@pytest.mark.parametrize("case", ["autocast", "zero3"])
+def test_per_token_logps_where_the_fallback_comes_after_the_backbone(case):
+    """A fallback decided on the backbone's output (mixed dtypes under autocast, a ZeRO-3 head): the model's own
+    head scored by rlkernel.logp, the backbone's cache under one name (transformers 5 answers `in` for the old
+    alias too: both passed once raised 'cannot specify both'), the record and the model's values."""
+    model, ids, kwargs, reason, ctx = _fallback_case(case)
+    labels = kwargs["labels"]
+    with ctx:
+        lp, _ = _reference_token_logps(model, ids, labels, 0.8)
+    with rk.apply(model), dispatch.recording() as rec, ctx, pytest.warns(rlkernel.FallbackWarning, match="framework"):
+        out = model(ids, labels=labels, per_token_logps=True, temperature=0.8)
+    assert ops(rec)[rk.OP].reason == reason
+    torch.testing.assert_close(out.token_logps, lp, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fallback_scores_the_models_logits_with_the_patchs_backend():
+    """backend / require_fused reach rlkernel.logp on the fallback's logits: backend='native' records native
+    there, with no FallbackWarning (on a GPU 'auto' would have run the fused kernel against the user's choice)."""
+    model = make("gemma2", final_logit_softcapping=30.0)
+    ids, labels = batch()
+    with rk.apply(model, backend="native"), dispatch.recording() as rec, warnings.catch_warnings():
+        warnings.simplefilter("ignore", rlkernel.FallbackWarning)  # the framework fallback's own warning
+        model(ids, labels=labels, per_token_logps=True)
+    logp_rec = [r for r, _ in rec.records if r.op == "logp.forward"]
+    assert logp_rec and all(r.requested == "native" and r.status == "native" for r in logp_rec), rec.records
+
+
+def test_a_deep_copy_runs_its_own_weights():
+    """copy.deepcopy of a patched model (a frozen reference policy) runs the copy's weights on every path: the
+    model's own forward (no labels), the per-token path and the loss."""
+    model = make()
+    ids, labels = batch()
+    rk.apply(model)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.mul_(1.5)
+        want = type(ref).forward(ref, ids).logits
+        torch.testing.assert_close(ref(ids).logits, want, rtol=0, atol=0)
+        lp, _ = _reference_token_logps(ref, ids, labels, 1.0)
+        torch.testing.assert_close(ref(ids, labels=labels, per_token_logps=True).token_logps, lp, rtol=1e-5,
+                                   atol=1e-5)
+        assert not torch.equal(model(ids).logits, want)
+
+
+def test_apply_checks_chunk_size_and_takes_phases():
+    model = make()
+    with pytest.raises(ValueError, match="chunk_size must be a positive integer or None, got 0"):
+        rk.apply(model, chunk_size=0)
+    assert "forward" not in vars(model)  # nothing patched
+    with rk.apply(model, phases=False) as p:
+        assert p.options["phases"] is False

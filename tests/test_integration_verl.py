@@ -201,3 +201,22 @@ def test_apply_is_idempotent_undoes_and_checks_the_version(monkeypatch):
     monkeypatch.setattr(sys.modules["verl"], "__version__", "0.8.0")
     with pytest.raises(UnsupportedVersionError, match="supports verl >=0.9,<0.10; found verl 0.8.0"):
         rk_verl.apply()
+
+
+def test_a_module_bound_while_applied_calls_verls_own_after_undo(monkeypatch):
+    """A module imported while the patch is active binds the replacements (as verl.models.mcore.model_forward_fused
+    binds linear_cross_entropy); after undo() they run verl's own functions again: its kernel, its values, no
+    rlkernel record (the head once raised KeyError: its original had gone with the patch's state)."""
+    with rk_verl.apply(backend="native"):
+        lce, logprobs, entropy = (verl_lce.linear_cross_entropy, verl_F.logprobs_from_logits,
+                                  verl_F.entropy_from_logits)
+    assert lce is rk_verl.linear_cross_entropy
+    spy = VerlKernelSpy(monkeypatch.setattr)
+    hidden, weight, labels = _head()
+    logits, ids = _logits()
+    with dispatch.recording() as rec:
+        lce(hidden, weight, labels, 1.0, "mean")
+        got_lp, got_ent = logprobs(logits, ids), entropy(logits)
+    assert spy.calls == [((11, 16), "mean")] and rec.records == []
+    assert torch.equal(got_lp, ORIGINALS["logprobs"](logits, ids))
+    assert torch.equal(got_ent, ORIGINALS["entropy"](logits))

@@ -3,10 +3,12 @@
 OpenRLHF's ``Actor.forward`` scores the float32 logits it holds with ``openrlhf.models.utils.log_probs_from_logits``
 and ``compute_entropy``. ``apply()`` replaces both module globals, and the same names in every ``openrlhf`` module
 already imported that bound them (``from .utils import ...``: ``openrlhf.models.actor``); a module imported later
-binds the replacements. They keep OpenRLHF's semantics: ``log_probs_from_logits(logits, labels, temperature)``
-divides the logits in place by a temperature other than 1 (as OpenRLHF's does), both return ``logits.shape[:-1]``
-in the logits' dtype, computed in float32 by rlkernel.logp (OpenRLHF's bfloat16 path computes in bfloat16), and
-``compute_entropy`` scores a dummy id (id 0) for the entropy, which rlkernel.logp returns with a log-prob.
+binds the replacements (after ``undo()`` they call OpenRLHF's own again). They keep OpenRLHF's semantics:
+``log_probs_from_logits(logits, labels, temperature)`` divides the logits in place by a temperature other than 1
+(as OpenRLHF's does; not where rlkernel.logp will refuse the call: then the logits are unchanged), both return
+``logits.shape[:-1]`` in the logits' dtype, computed in float32 by rlkernel.logp (OpenRLHF's bfloat16 path
+computes in bfloat16), and ``compute_entropy`` scores a dummy id (id 0) for the entropy, which rlkernel.logp
+returns with a log-prob.
 Nothing falls back: every call OpenRLHF makes is one rlkernel.logp computes (its own records say which path ran).
 
 Tested against the functions themselves: importing ``openrlhf.models`` imports ``Actor``, whose module imports
@@ -26,25 +28,45 @@ from importlib import metadata
 import torch
 
 import rlkernel
+from rlkernel import dispatch
 from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
+from rlkernel.validate import check_logp_args
 
 OP = "integrations.openrlhf"
 MINIMUM, BELOW = (0, 11), (0, 12)
 NAMES = ("log_probs_from_logits", "compute_entropy")
-_state: dict = {}  # the active patch
+_state: dict = {}  # the active patch and its options
+# OpenRLHF's own functions, kept past undo(): an openrlhf module imported while the patch was active bound a
+# replacement, which then calls OpenRLHF's own again (the replacements check _active())
+_originals: dict = {}
+
+
+def _active() -> bool:
+    return "patch" in _state
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """OpenRLHF's ``log_probs_from_logits`` by rlkernel.logp (its in-place temperature division kept)."""
+    """OpenRLHF's ``log_probs_from_logits`` by rlkernel.logp, OpenRLHF's in-place division of the logits by a
+    temperature other than 1 kept (its ``compute_entropy`` then reads the divided logits; the division is part of
+    the autograd graph, as OpenRLHF's). A call rlkernel.logp refuses before any work (bad labels, a fused path
+    demanded where it cannot run) is refused before the division too: the logits are left as they were."""
+    if not _active():
+        return _originals["log_probs_from_logits"](logits, labels, temperature)
+    opts = _state["options"]
     if temperature != 1.0:
-        logits.div_(temperature)
-    return rlkernel.logp(logits, labels, **_state.get("options", {})).to(logits.dtype)
+        check_logp_args(logits, labels, 1.0, -100)
+        if not dispatch.would_block("logp.forward", opts["backend"], opts["require_fused"], logits.device,
+                                    logits.dtype):
+            logits.div_(temperature)
+    return rlkernel.logp(logits, labels, **opts).to(logits.dtype)
 
 
 def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     """OpenRLHF's ``compute_entropy`` by rlkernel.logp's entropy (a dummy id 0 scored alongside)."""
+    if not _active():
+        return _originals["compute_entropy"](logits)
     ids = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
-    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state.get("options", {}))
+    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state["options"])
     return entropy.to(logits.dtype)
 
 
@@ -71,6 +93,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
         if mod_name.startswith("openrlhf.") and mod is not utils and mod is not None:
             targets += [(mod, name, REPLACEMENTS[name]) for name in NAMES
                         if vars(mod).get(name) is originals[name]]
+    _originals.update(originals)
     _state["options"] = options
     _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, recorded, on_undo=lambda: _state.clear())
     return _state["patch"]

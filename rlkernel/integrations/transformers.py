@@ -36,6 +36,7 @@ import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head
 from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
+from rlkernel.ops.linear_logp_loss import check_chunk_size
 
 OP = "integrations.transformers"
 MINIMUM, BELOW = (5, 0), (6, 0)
@@ -84,14 +85,18 @@ def _head_reason(model, head) -> str | None:
     return None
 
 
-def _outputs(cls, backbone_out, **fields):
-    """``cls`` filled with ``fields`` and the backbone's cache / hidden states / attentions (the field is named
-    ``cache`` in transformers 5, ``past_key_values`` before)."""
+def _backbone_fields(cls, backbone_out) -> dict:
+    """The backbone's cache / hidden states / attentions under the names ``cls`` has as fields (``cache`` in
+    transformers 5, ``past_key_values`` before; 5.x's outputs answer ``in`` for the old alias too, and giving both
+    is an error)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    for name in ("cache", "past_key_values", "hidden_states", "attentions"):
-        if name in names and name in backbone_out:
-            fields[name] = backbone_out[name]
-    return cls(**fields)
+    return {name: backbone_out[name] for name in ("cache", "past_key_values", "hidden_states", "attentions")
+            if name in names and name in backbone_out}
+
+
+def _outputs(cls, backbone_out, **fields):
+    """``cls`` filled with ``fields`` and the backbone's cache / hidden states / attentions."""
+    return cls(**fields, **_backbone_fields(cls, backbone_out))
 
 
 def _shifted(labels, shift_labels):
@@ -103,13 +108,15 @@ def _shifted(labels, shift_labels):
 
 def _make_forward(model, options: dict):
     cls_forward = type(model).forward
-    original = cls_forward.__get__(model)
     sig = inspect.signature(cls_forward)
     var_kw = next((p.name for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD), None)
     backend, require_fused = options["backend"], options["require_fused"]
 
     @functools.wraps(cls_forward)  # keeps the signature: generate and Trainer read it
     def forward(self, *args, per_token_logps=False, temperature=1.0, return_entropy=False, **kwargs):
+        # the class's forward bound to self at each call, never to the model patched: a deep copy of the model (a
+        # frozen reference policy) carries this forward and must run its own weights
+        original = cls_forward.__get__(self)
         arguments = dict(sig.bind(self, *args, **kwargs).arguments)  # a TypeError as the model's own would raise
         arguments.pop(next(iter(sig.parameters)))  # self
         extra = dict(arguments.pop(var_kw, {})) if var_kw else {}
@@ -128,7 +135,7 @@ def _make_forward(model, options: dict):
             if not per_token_logps:
                 return original(*args, **kwargs)
             call = {**arguments, "logits_to_keep": logits_to_keep, **extra}  # everything but the labels
-            return _own_forward(original, call, labels, temperature, return_entropy)
+            return _own_forward(original, call, labels, temperature, return_entropy, options)
         loss_kwargs = dict(extra)  # what the model's loss_function gets
         return_dict = extra.pop("return_dict", None)
         return_dict = getattr(self.config, "return_dict", True) if return_dict is None else return_dict
@@ -138,7 +145,7 @@ def _make_forward(model, options: dict):
         if reason is not None:  # the backbone ran: the model's own head and loss on its output
             dispatch.framework_fallback(OP, reason, backend=backend, require_fused=require_fused)
             result = _own_head(self, head, hidden, backbone_out, labels, loss_kwargs, per_token_logps,
-                               temperature, return_entropy)
+                               temperature, return_entropy, options)
         else:
             result = _rlkernel_head(head, hidden, backbone_out, labels, loss_kwargs, per_token_logps, temperature,
                                     return_entropy, options)
@@ -175,33 +182,35 @@ def _rlkernel_head(head, hidden, backbone_out, labels, loss_kwargs, per_token_lo
     return _outputs(CausalLMOutputWithPast, backbone_out, loss=loss)
 
 
-def _score_logits(logits, labels, loss_kwargs, temperature, return_entropy, fields):
-    """Per-token log-probs of the model's own logits (rlkernel.logp), in the patched forward's output."""
+def _score_logits(logits, labels, loss_kwargs, temperature, return_entropy, fields, options):
+    """Per-token log-probs of the model's own logits (rlkernel.logp, with the patch's backend and require_fused),
+    in the patched forward's output."""
     ignore, num_items = loss_kwargs.get("ignore_index", IGNORE), loss_kwargs.get("num_items_in_batch")
     targets, rows = _shifted(labels, loss_kwargs.get("shift_labels"))
     logits = logits[:, rows]
     targets = targets.to(logits.device)
-    res = rlkernel.logp(logits, targets, temperature=temperature, ignore_index=ignore, return_entropy=return_entropy)
+    res = rlkernel.logp(logits, targets, temperature=temperature, ignore_index=ignore, return_entropy=return_entropy,
+                        backend=options["backend"], require_fused=options["require_fused"])
     logp, ent = res if return_entropy else (res, None)
     return _token_output_class()(loss=-logp.sum() / _count(targets, ignore, num_items), token_logps=logp,
                                  entropy=ent, **fields)
 
 
-def _own_head(model, head, hidden, backbone_out, labels, loss_kwargs, per_token_logps, temperature, return_entropy):
+def _own_head(model, head, hidden, backbone_out, labels, loss_kwargs, per_token_logps, temperature, return_entropy,
+              options):
     """The tail of the families' forward (no softcap: _head_reason sent that to _own_forward): lm_head, then the
     model's loss_function."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     logits = head(hidden)
     if per_token_logps:
-        fields = {k: backbone_out[k] for k in ("cache", "past_key_values", "hidden_states", "attentions")
-                  if k in backbone_out}
-        return _score_logits(logits, labels, loss_kwargs, temperature, return_entropy, {"logits": logits, **fields})
+        fields = {"logits": logits, **_backbone_fields(_token_output_class(), backbone_out)}
+        return _score_logits(logits, labels, loss_kwargs, temperature, return_entropy, fields, options)
     loss = model.loss_function(logits=logits, labels=labels, vocab_size=model.config.vocab_size, **loss_kwargs)
     return _outputs(CausalLMOutputWithPast, backbone_out, loss=loss, logits=logits)
 
 
-def _own_forward(original, call: dict, labels, temperature, return_entropy):
+def _own_forward(original, call: dict, labels, temperature, return_entropy, options):
     """Per-token log-probs from the model's own forward (``call``: its arguments without the labels): its logits
     scored by rlkernel.logp."""
     loss_kwargs = {"shift_labels": call.pop("shift_labels", None)}
@@ -209,22 +218,25 @@ def _own_forward(original, call: dict, labels, temperature, return_entropy):
     return_dict = call.pop("return_dict", True)
     out = original(**call, return_dict=True)
     fields = {k: v for k, v in out.items() if k != "loss"}
-    result = _score_logits(out.logits, labels, loss_kwargs, temperature, return_entropy, fields)
+    result = _score_logits(out.logits, labels, loss_kwargs, temperature, return_entropy, fields, options)
     return result if return_dict else result.to_tuple()
 
 
-def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_size: int | None = None) -> Patch:
+def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_size: int | None = None,
+          phases: bool = True) -> Patch:
     """Patch ``model.forward`` (a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 causal LM, before it is
     wrapped by DDP, FSDP, DeepSpeed or PEFT) as the module docstring says. Returns the Patch (``undo()``, or a
     context manager); applying again with the same options returns the active one. ``backend``, ``require_fused``
-    and ``chunk_size`` go to the rlkernel ops. Raises UnsupportedVersionError outside transformers >=5,<6 and
-    TypeError for another model."""
+    and ``chunk_size`` go to the rlkernel ops (checked here); ``phases``: accepted as by every integration, no
+    range here (a model's forward runs in every phase). Raises UnsupportedVersionError outside transformers >=5,<6
+    and TypeError for another model."""
     import transformers
 
     check_version("transformers", "transformers", transformers.__version__, MINIMUM, BELOW)
     options = {"backend": backend, "require_fused": bool(require_fused), "chunk_size": chunk_size}
+    recorded = {**options, "phases": bool(phases)}
     existing = reuse(vars(model).get(_MARK) if hasattr(model, "__dict__") else None,
-                     "rlkernel.integrations.transformers", options)
+                     "rlkernel.integrations.transformers", recorded)
     if existing is not None:
         return existing
     if _family(model) is None:
@@ -235,8 +247,9 @@ def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_si
                         "replaced on this model (another patch, e.g. TRL's add_fused_lm_head: use "
                         "rlkernel.integrations.trl for TRL trainers)")
     check_options(backend, require_fused)
+    check_chunk_size(chunk_size)
     forward = _make_forward(model, options).__get__(model)
-    patch = Patch("rlkernel.integrations.transformers", [(model, "forward", forward)], options,
+    patch = Patch("rlkernel.integrations.transformers", [(model, "forward", forward)], recorded,
                   on_undo=lambda: vars(model).pop(_MARK, None))
     vars(model)[_MARK] = patch
     return patch

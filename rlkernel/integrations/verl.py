@@ -34,7 +34,14 @@ from rlkernel.integrations._patch import Patch, check_options, check_version, re
 
 OP = "integrations.verl"
 MINIMUM, BELOW = (0, 9), (0, 10)
-_state: dict = {}  # the active patch, its options and verl's originals
+_state: dict = {}  # the active patch and its options
+# verl's own functions, kept past undo(): a verl module imported while the patch was active bound a replacement,
+# which then calls verl's own again (the replacements check _active())
+_originals: dict = {}
+
+
+def _active() -> bool:
+    return "patch" in _state
 
 
 def head_fallback_reason(hidden, weight, temperature, reduction, dist_process_group) -> str | None:
@@ -54,11 +61,13 @@ def head_fallback_reason(hidden, weight, temperature, reduction, dist_process_gr
 
 def linear_cross_entropy(hidden, weight, labels, temperature=1.0, reduction="none", dist_process_group=None):
     """verl's ``linear_cross_entropy`` by rlkernel.linear_logp: ``(log_probs, entropy)``."""
+    if not _active():  # bound by a verl module while the patch was active, called after undo(): verl's own
+        return _originals["linear_cross_entropy"](hidden, weight, labels, temperature, reduction, dist_process_group)
     reason = head_fallback_reason(hidden, weight, temperature, reduction, dist_process_group)
-    opts = _state.get("options", {})
+    opts = _state["options"]
     if reason is not None:
         dispatch.framework_fallback(OP, reason, **opts)
-        return _state["linear_cross_entropy"](hidden, weight, labels, temperature, reduction, dist_process_group)
+        return _originals["linear_cross_entropy"](hidden, weight, labels, temperature, reduction, dist_process_group)
     with _head.autocast_off(hidden):
         return rlkernel.linear_logp(hidden, weight, labels.to(torch.int64), temperature=temperature,
                                     return_entropy=True, **opts)
@@ -66,13 +75,17 @@ def linear_cross_entropy(hidden, weight, labels, temperature=1.0, reduction="non
 
 def logprobs_from_logits(logits, labels, inplace_backward=True):
     """verl's ``logprobs_from_logits`` by rlkernel.logp: float32, shape ``logits.shape[:-1]``."""
-    return rlkernel.logp(logits, labels, inplace_backward=bool(inplace_backward), **_state.get("options", {}))
+    if not _active():
+        return _originals["logprobs_from_logits"](logits, labels, inplace_backward)
+    return rlkernel.logp(logits, labels, inplace_backward=bool(inplace_backward), **_state["options"])
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """verl's ``entropy_from_logits`` by rlkernel.logp's entropy (a dummy id 0 scored alongside)."""
+    if not _active():
+        return _originals["entropy_from_logits"](logits)
     ids = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
-    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state.get("options", {}))
+    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state["options"])
     return entropy.to(logits.dtype)
 
 
@@ -105,6 +118,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
         if mod_name.startswith("verl.") and mod is not None:
             targets += [(mod, name, new) for (home, name), new in REPLACEMENTS.items()
                         if mod_name != home and vars(mod).get(name) is originals[name]]
-    _state.update(options=options, **originals)
+    _originals.update(originals)
+    _state["options"] = options
     _state["patch"] = Patch("rlkernel.integrations.verl", targets, recorded, on_undo=lambda: _state.clear())
     return _state["patch"]

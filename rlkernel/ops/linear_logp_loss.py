@@ -28,6 +28,13 @@ REDUCTIONS = ("sum", "mean")
 CHUNK_BYTES = 1 << 30  # the default chunk holds about 1 GiB of logits (4096 tokens of a 128256 vocab in bf16)
 
 
+def check_chunk_size(chunk_size) -> None:
+    """A positive integer or None (the integrations check it when they are applied, before any forward)."""
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+                                   or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+
+
 def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_index, reduction, chunk_size) -> None:
     """Every argument, before any work (tensor metadata only on CUDA: no host sync). On CPU the ids too."""
     if not callable(loss_fn):
@@ -36,9 +43,7 @@ def check_args(hidden, weight, token_ids, loss_fn, bias, temperature, ignore_ind
     check_loss_fn_arity(loss_fn)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
-                                   or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    check_chunk_size(chunk_size)
     if token_ids is None:  # linear_logp takes None (entropy alone); a loss needs the ids
         raise TypeError("token_ids must be a torch.Tensor, got NoneType (linear_logp_loss needs the ids)")
     check_linear_args(hidden, weight, token_ids, bias, temperature, ignore_index, OP)  # last: it reads CPU ids
