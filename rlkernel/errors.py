@@ -172,11 +172,9 @@ def check_errors(device=None) -> None:
     first error it holds: ``IndexError`` (a bad token id) or ``ValueError`` (a row without a distribution, or a
     per-row setting out of range).
     A no-op on CPU (the CPU path raises at once) and where CUDA is absent."""
-    if device is None:
-        if not torch.cuda.is_available():
-            return
-        device = torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(device)
+    if not torch.cuda.is_available():  # whatever device is named ("cuda", 0): no CUDA, no record to read
+        return
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if device.type != "cuda":
         return
     if device.index is None:

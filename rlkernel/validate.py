@@ -202,7 +202,10 @@ def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor, give
         code = int(faults[1][row])
         value = given[code]
         value = value.expand(logits.shape[:-1]).reshape(-1) if value.dim() == 0 else value.reshape(-1)
-        raise bad_arg_error(op, ARGUMENTS[code], row, value[row].item())
+        as_given = value[row].item()
+        # a float64 value > 0 that float32 rounds to 0 (top_p 1e-50) is out of range there: say why
+        rounds_to_0 = value.is_floating_point() and as_given != 0 and float(value[row].to(torch.float32)) == 0
+        raise bad_arg_error(op, ARGUMENTS[code], row, as_given, "; it rounds to 0 in float32" if rounds_to_0 else "")
 
 
 def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -213,6 +216,18 @@ def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor
     if value.dtype == torch.float64:
         wide = _row_tensor("temperature", value, logits, torch.float64)
         t = torch.where((wide > 0) & (t == 0), torch.full_like(t, math.nan), t)
+    return t
+
+
+def _probability_rows(name: str, value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A top_p / min_p tensor as float32 [N]: a float64 value out of range as given that float32 would round into
+    it (min_p 1 + 1e-10 -> 1) becomes NaN, out of range there too (on CPU refused at once, on CUDA through the device
+    error record), as the same Python number is refused."""
+    t = _row_tensor(name, value, logits, torch.float32)
+    if value.dtype == torch.float64:
+        wide = _row_tensor(name, value, logits, torch.float64)
+        ok = ((wide > 0) if name == "top_p" else (wide >= 0)) & (wide <= 1)
+        t = torch.where(ok, t, torch.full_like(t, math.nan))
     return t
 
 
@@ -234,13 +249,13 @@ def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
                              + (" (0 = all tokens: pass 0 for vLLM's -1)" if top_k == -1 else ""))
         top_k = min(int(top_k), vocab)  # k >= V keeps every token, as 0 does
     if isinstance(top_p, torch.Tensor):
-        top_p = _row_tensor("top_p", top_p, logits, torch.float32)
+        top_p = _probability_rows("top_p", top_p, logits)
     elif not (0.0 < _real("top_p", top_p) <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     else:
         top_p = float(top_p)
     if isinstance(min_p, torch.Tensor):
-        min_p = _row_tensor("min_p", min_p, logits, torch.float32)
+        min_p = _probability_rows("min_p", min_p, logits)
     elif not (0.0 <= _real("min_p", min_p) <= 1.0):
         raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     else:

@@ -18,7 +18,7 @@ import torch
 from rlkernel.ops import blas
 from rlkernel.ops.fused.linear_logp import _logits_tile, plan
 from rlkernel.ops.native.linear_logp import BI_ROWS as NATIVE_BI_ROWS
-from rlkernel.ops.native.linear_logp import _matmul, _pad
+from rlkernel.ops.native.linear_logp import _matmul, bi_block
 from rlkernel.validate import check_linear_args, check_logits_dtype
 
 
@@ -34,7 +34,7 @@ def logits_rows(rows2d: torch.Tensor, weight: torch.Tensor, bias, batch_invarian
         with blas.batch_invariant_blas(rows2d.dtype, rows2d.device):
             for r0 in range(0, n, NATIVE_BI_ROWS):
                 r1 = min(n, r0 + NATIVE_BI_ROWS)
-                out[r0:r1] = _matmul(_pad(rows2d[r0:r1], NATIVE_BI_ROWS), weight, bias, logits32, True)[: r1 - r0]
+                out[r0:r1] = _matmul(bi_block(rows2d[r0:r1], NATIVE_BI_ROWS), weight, bias, logits32, True)[: r1 - r0]
         return out
     return _cuda_bi_rows(rows2d, weight, bias, logits32, out_dtype)
 

@@ -66,6 +66,14 @@ def _prepare(hidden: torch.Tensor, token_ids: torch.Tensor):
     return h, flat_ids(token_ids)
 
 
+def check_loss_output(out, lp) -> None:
+    """loss_fn's result must be the chunk's per-token losses: a tensor of lp's shape (a scalar or a [c, 1] would
+    broadcast into a silently scaled loss)."""
+    if not isinstance(out, torch.Tensor) or out.shape != lp.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"loss_fn must return the chunk's per-token losses, shape {tuple(lp.shape)}, got {got}")
+
+
 def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bool):
     """loss_fn on one chunk, outside the op's ranges: (the chunk's reduced loss, d/dlogp, d/dentropy)."""
     with torch.enable_grad():
@@ -73,9 +81,7 @@ def _apply_loss(spec: Spec, logp, entropy, sl: slice, keep, denom, need_grad: bo
         en = entropy.detach().requires_grad_(need_grad)
         with precision.caller_autocast(spec.autocast):
             out = spec.loss_fn(lp, en, sl)
-        if not isinstance(out, torch.Tensor) or out.shape != lp.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"loss_fn must return the chunk's per-token losses, shape {tuple(lp.shape)}, got {got}")
+        check_loss_output(out, lp)
         # where, not a product: an ignored row's loss (whatever loss_fn makes of logp 0) is left out, NaN included
         total = torch.where(keep, out, torch.zeros((), dtype=out.dtype, device=out.device)).sum()
         if denom is not None:

@@ -16,6 +16,7 @@ import torch
 from rlkernel import dispatch
 from rlkernel.ops import blas, precision, sharded
 from rlkernel.ops.linear_logits import logits_rows
+from rlkernel.ops.linear_logp_loss_chunks import check_loss_output
 from rlkernel.ops.native.linear_logp_processed import csr_rows, linear_logp_processed_native
 from rlkernel.validate import _raise_cpu_faults, _settings, check_linear_args, check_logits_dtype
 
@@ -98,9 +99,11 @@ def check_processed_args(hidden, weight, token_ids, bias, temperature, ignore_in
 
 
 def processed(hidden, weight, token_ids, *, bias, temperature, top_k, top_p, min_p, kept_ids, kept_offsets,
-              ignore_index, return_entropy, batch_invariant, backend, require_fused, logits_dtype, op=OP):
+              ignore_index, return_entropy, batch_invariant, backend, require_fused, logits_dtype, op=OP,
+              keep_dtype=False):
     """(logp, entropy or None) of rlkernel.linear_logp's processed mode: checks, one dispatch record ``op``, one
-    backend."""
+    backend. float32, or float64 for float64 inputs with ``keep_dtype`` (the loss's contract; the fused path takes
+    no float64)."""
     if not isinstance(batch_invariant, bool):
         raise TypeError(f"batch_invariant must be a bool, got {type(batch_invariant).__name__}")
     logits32 = check_logits_dtype(logits_dtype)
@@ -132,7 +135,7 @@ def processed(hidden, weight, token_ids, *, bias, temperature, top_k, top_p, min
     return linear_logp_processed_native(hidden, weight, token_ids, bias=bias, gemm=gemm, settings=settings, csr=csr,
                                         ignore_index=int(ignore_index), return_entropy=bool(return_entropy),
                                         batch_invariant=batch_invariant, requested=backend,
-                                        fallback_reason=rec.reason)
+                                        fallback_reason=rec.reason, keep_dtype=keep_dtype)
 
 
 def processed_loss(hidden, weight, token_ids, loss_fn, *, bias, temperature, top_k, top_p, min_p, ignore_index,
@@ -145,14 +148,18 @@ def processed_loss(hidden, weight, token_ids, loss_fn, *, bias, temperature, top
     lp, ent = processed(hidden, weight, token_ids, bias=bias, temperature=temperature, top_k=top_k, top_p=top_p,
                         min_p=min_p, kept_ids=None, kept_offsets=None, ignore_index=ignore_index,
                         return_entropy=True, batch_invariant=False, backend=backend, require_fused=require_fused,
-                        logits_dtype=logits_dtype, op="linear_logp_loss")
+                        logits_dtype=logits_dtype, op="linear_logp_loss", keep_dtype=True)
     lp, ent = lp.reshape(-1), ent.reshape(-1)
     n = lp.numel()
     valid = token_ids.reshape(-1) != ignore_index
     step = n if chunk_size is None else int(chunk_size)
-    parts = [loss_fn(lp[c0:c0 + step], ent[c0:c0 + step], slice(c0, min(n, c0 + step)))
-             for c0 in range(0, n, max(step, 1))]
-    per = torch.cat([p.reshape(-1) for p in parts]) if parts else lp.new_zeros(0)
+    parts = []
+    for c0 in range(0, n, max(step, 1)):
+        lp_c = lp[c0:c0 + step]
+        out = loss_fn(lp_c, ent[c0:c0 + step], slice(c0, min(n, c0 + step)))
+        check_loss_output(out, lp_c)  # as the plain loss checks it: a scalar would broadcast, silently scaled
+        parts.append(out)
+    per = torch.cat(parts) if parts else lp.new_zeros(0)
     total = torch.where(valid, per, torch.zeros_like(per)).sum()
     if reduction == "mean":
         total = total / valid.sum().clamp(min=1).to(total.dtype)

@@ -51,6 +51,29 @@ def _pad(t, rows, value=0):
     return t if extra <= 0 else torch.cat([t, t.new_full((extra,) + tuple(t.shape[1:]), value)])
 
 
+def _aligned(t, rows):
+    """``t`` [r, c] in a fresh zero-filled ``[rows, c']`` block, c' = c rounded up to 64 bytes of t's dtype: every
+    row starts 64-byte aligned."""
+    per = max(1, 64 // t.element_size())
+    block = t.new_zeros((rows, -(-t.shape[1] // per) * per))
+    block[: t.shape[0], : t.shape[1]] = t
+    return block
+
+
+def bi_block(t, rows):
+    """batch_invariant: ``t``'s rows in a fresh zero-filled ``[rows, t.shape[1]]`` block whose rows all start
+    64-byte aligned (a view of an aligned block's first columns). The CPU GEMM's (MKL's) result for a row depends on
+    where the row starts in memory, so a row must sit alike in every block: with an odd width the rows of a plain
+    block start at alternating alignments."""
+    return _aligned(t, rows)[:, : t.shape[1]]
+
+
+def bi_matmul(a, b, rows):
+    """batch_invariant: the first ``a.shape[0]`` rows of (``a`` padded to ``rows`` rows) @ ``b``, with the rows of
+    ``a`` and of the product 64-byte aligned (``b``'s columns zero-padded): one shape and one alignment per row."""
+    return (bi_block(a, rows) @ _aligned(b, b.shape[0]))[: a.shape[0], : b.shape[1]]
+
+
 def _matmul(h, weight, bias, logits32, batch_invariant=False):
     """h @ weight.T + bias: in the inputs' dtype, or (logits32) float32 from 16-bit operands."""
     if not logits32:
@@ -73,7 +96,7 @@ def _chunk_logits(hidden, weight, bias, r0, r1, rows, batch_invariant, cd, opts,
     row alignment; callers keep the first r1 - r0 rows and V columns of what they compute."""
     if not batch_invariant:
         return opts.apply(_matmul(hidden[r0:r1], weight, bias, logits32).to(cd), r0, r1)
-    h = _pad(hidden[r0:r1], rows)
+    h = bi_block(hidden[r0:r1], rows)
     with batch_invariant_blas(h.dtype, h.device):
         logits = _matmul(h, weight, bias, logits32, True)
     vocab = weight.shape[0]
@@ -185,7 +208,8 @@ class _NativeLinearLogp(torch.autograd.Function):
                     g = g * deriv
                 if need_h:
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
-                        dh[r0:r1] = (g @ w)[:k]  # the padded chunk's GEMM with batch_invariant: one shape
+                        # the padded chunk's GEMM with batch_invariant: one shape, rows aligned alike
+                        dh[r0:r1] = bi_matmul(g[:k], w, m) if ctx.batch_invariant else g @ w
                 g = g[:k]
                 if need_w:  # "input" accumulation of a 16-bit weight: each chunk's float32 product rounded
                     dw += (g.t() @ hidden[r0:r1].to(cd)).to(acc)

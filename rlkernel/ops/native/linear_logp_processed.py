@@ -23,7 +23,7 @@ from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas
 from rlkernel.ops.native.filters import Filtered, column, row_sum
-from rlkernel.ops.native.linear_logp import _pad
+from rlkernel.ops.native.linear_logp import bi_matmul
 from rlkernel.ops.native.logp_processed import processed_grad, processed_values
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.validate import row_faults
@@ -134,10 +134,9 @@ class _NativeLinearProcessed(torch.autograd.Function):
                 g = processed_grad(f, safe_ids[r0:r1], valid[r0:r1], bad[r0:r1],
                                    None if grad_logp is None else grad_logp[r0:r1],
                                    None if grad_ent is None else grad_ent[r0:r1])
-                if need_h:
-                    m = step if ctx.batch_invariant else r1 - r0  # one dH GEMM shape per call with batch_invariant
+                if need_h:  # batch_invariant: one dH GEMM shape per call, every row aligned alike
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
-                        dh[r0:r1] = (_pad(g, m) @ w)[: r1 - r0]
+                        dh[r0:r1] = bi_matmul(g, w, step) if ctx.batch_invariant else g @ w
                 if need_w:
                     dw += g.t() @ hidden[r0:r1].to(cd)
                 if need_b:
