@@ -1,4 +1,4 @@
-"""rlkernel.linear_logp (log-probs + entropy from hidden states and the LM head) against a bare cuBLAS matmul and its
+r"""rlkernel.linear_logp (log-probs + entropy from hidden states and the LM head) against a bare cuBLAS matmul and its
 peers, side by side on the same inputs in one run (issue 21).
 
     python benchmarks/bench_linear_logp.py                        # the issue's shapes (H200: a few minutes)

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 import rlkernel  # noqa: E402
 from rlkernel import FallbackWarning  # noqa: E402
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser  # noqa: E402
+from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, CliError, OneLineParser, check_env_flags  # noqa: E402
 from rlkernel.ops.fused import linear_logp_processed as fused_processed  # noqa: E402
 from rlkernel.ops.linear_logits import logits_rows  # noqa: E402
 from rlkernel.ops.native import linear_logp_processed as native_processed  # noqa: E402
@@ -147,6 +147,7 @@ def print_row(name, r):
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        check_env_flags()  # a bad RLKERNEL_* value: one line, exit 2, before any work
     except CliError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code

@@ -31,7 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from rlkernel import FallbackWarning, FusedKernelUnavailable, dispatch  # noqa: E402
-from rlkernel.cli import EXIT_BLOCKED, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, CliError, OneLineParser  # noqa: E402
+from rlkernel.cli import (  # noqa: E402
+    EXIT_BLOCKED,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    OneLineParser,
+    check_env_flags,
+)
 
 PROG = "trl_grpo"
 INSTALL_HINT = "pip install trl==1.16.0 (it brings transformers, accelerate and datasets)"
@@ -216,6 +224,7 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _check_args(args)
+        check_env_flags()  # a bad RLKERNEL_* value: one line, exit 2, before any step
         warnings.simplefilter("ignore", FallbackWarning)  # the dispatch lines say what ran
         warnings.simplefilter("ignore", FutureWarning)  # the frameworks' deprecation notices
         return run(args)

@@ -29,8 +29,9 @@ _LAZY = {"logp": ("rlkernel.ops.logp", "logp"), "linear_logp": ("rlkernel.ops.li
 class FallbackWarning(UserWarning):
     """backend="auto" wanted the fused path and ran native instead (said once per op and reason): expected on a
     CPU or without the built extension. Defined here, not in torch-importing ``rlkernel.dispatch`` (which
-    re-exports it), so that ``python -W ignore::rlkernel.FallbackWarning`` works: Python resolves ``-W``
-    categories at start-up, before torch can be imported."""
+    re-exports it), so that naming it (``warnings.filterwarnings("ignore", category=rlkernel.FallbackWarning)``)
+    imports no torch. (``python -W`` cannot name it in an installed package: Python reads ``-W`` before
+    site-packages are importable.)"""
 
 
 def __getattr__(name):

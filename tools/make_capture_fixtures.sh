@@ -14,6 +14,9 @@
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 OUTDIR=${1:?usage: tools/make_capture_fixtures.sh OUTDIR [CASE ...]}
+for tool in nsys nvidia-smi; do  # exit 3 (blocked), as every command of the project, before OUTDIR is made
+  command -v "$tool" > /dev/null || { echo "make_capture_fixtures: $tool not on PATH (source .node-kit/env.sh)" >&2; exit 3; }
+done
 OUTDIR=$(mkdir -p "$OUTDIR" && cd "$OUTDIR" && pwd)  # absolute: the captures run from the project root
 shift
 CASES=${*:-trl torchrun steps liger}

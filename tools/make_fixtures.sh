@@ -14,6 +14,9 @@
 set -euo pipefail
 case "${1:-}" in -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 OUTDIR=${1:?usage: tools/make_fixtures.sh OUTDIR [CASE ...]}
+for tool in nsys nvidia-smi; do  # exit 3 (blocked), as every command of the project, before any work
+  command -v "$tool" > /dev/null || { echo "make_fixtures: $tool not on PATH (source .node-kit/env.sh)" >&2; exit 3; }
+done
 shift
 CASES=${*:-nvtx_mix verdicts graphs multiproc no_nvtx no_cuda verl_ranges sync_loop ranks}
 REPORTS=cuda_gpu_kern_sum,nvtx_sum,nvtx_kern_sum,nvtx_gpu_proj_sum,cuda_gpu_mem_time_sum
