@@ -204,18 +204,19 @@ def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor, give
         value = value.expand(logits.shape[:-1]).reshape(-1) if value.dim() == 0 else value.reshape(-1)
         as_given = value[row].item()
         # a float64 value > 0 that float32 rounds to 0 (top_p 1e-50) is out of range there: say why
-        rounds_to_0 = value.is_floating_point() and as_given != 0 and float(value[row].to(torch.float32)) == 0
+        rounds_to_0 = value.is_floating_point() and as_given > 0 and float(value[row].to(torch.float32)) == 0
         raise bad_arg_error(op, ARGUMENTS[code], row, as_given, "; it rounds to 0 in float32" if rounds_to_0 else "")
 
 
 def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """A temperature tensor as float32 [N]: a float64 value > 0 that rounds to 0 in float32 becomes NaN (out of range,
-    so refused: on CPU at once, on CUDA through the device error record) instead of a silent T = 0 (greedy) row.
-    Every other dtype's positive values stay positive in float32."""
+    """A temperature tensor as float32 [N]: a float64 value > 0 that rounds to 0 in float32, or < 0 (a tiny one rounds
+    to -0.0), becomes NaN (out of range, so refused: on CPU at once, on CUDA through the device error record) instead
+    of a silent T = 0 (greedy) row. Every other dtype's positive values stay positive in float32."""
     t = _row_tensor("temperature", value, logits, torch.float32)
     if value.dtype == torch.float64:
         wide = _row_tensor("temperature", value, logits, torch.float64)
-        t = torch.where((wide > 0) & (t == 0), torch.full_like(t, math.nan), t)
+        # also a tiny negative value, which float32 rounds to -0.0 (it would pass as T = 0)
+        t = torch.where(((wide > 0) & (t == 0)) | (wide < 0), torch.full_like(t, math.nan), t)
     return t
 
 

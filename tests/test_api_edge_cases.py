@@ -92,3 +92,24 @@ def test_cpu_batch_invariance_holds_for_odd_widths(h, v, dtype):
             l1 = rlkernel.linear_logp(one, weight, ids[r:r + 1], batch_invariant=True, **filters)
             torch.where(torch.isinf(l1), 0, l1).sum().backward()
             assert torch.equal(l1, lp[r:r + 1].detach()) and torch.equal(one.grad, x.grad[r:r + 1]), (filters, r)
+
+
+@pytest.mark.parametrize("h", [33, 57])
+def test_cpu_batch_invariance_with_float32_logits_of_16bit_inputs(h):
+    """logits_dtype=torch.float32 of bf16 inputs: the float32 copy of the block is aligned too."""
+    g = torch.Generator().manual_seed(h)
+    hidden, weight = torch.randn(150, h, generator=g).bfloat16(), torch.randn(5, h, generator=g).bfloat16()
+    ids = torch.randint(0, 5, (150,), generator=g)
+    kw = dict(batch_invariant=True, logits_dtype=torch.float32)
+    full = rlkernel.linear_logits(hidden, weight, **kw)
+    lp = rlkernel.linear_logp(hidden, weight, ids, **kw)
+    for r in (0, 1, 2, 3, 77, 149):
+        assert torch.equal(rlkernel.linear_logits(hidden[r:r + 1], weight, **kw)[0], full[r]), r
+        assert torch.equal(rlkernel.linear_logp(hidden[r:r + 1], weight, ids[r:r + 1], **kw), lp[r:r + 1]), r
+
+
+def test_float64_temperature_tensors_are_judged_as_given():
+    """-1e-50 rounds to -0.0 in float32, which would pass as a silent greedy row: refused, as the number is."""
+    logits = torch.randn(2, 8)
+    with pytest.raises(ValueError, match=r"temperature of row 1 is out of range \(-1e-50\)"):
+        rlkernel.sample(logits, temperature=torch.tensor([1.0, -1e-50], dtype=torch.float64))

@@ -409,3 +409,22 @@ def test_apply_checks_chunk_size_and_takes_phases():
     assert "forward" not in vars(model)  # nothing patched
     with rk.apply(model, phases=False) as p:
         assert p.options["phases"] is False
+
+
+def test_undoing_a_deep_copys_patch_leaves_the_original_patched():
+    """The copy's patch undoes the copy alone: its forward is the class's again, the original keeps its patch and
+    its mark (apply() on it returns the active patch)."""
+    model = make()
+    patch = rk.apply(model)
+    ref = copy.deepcopy(model)
+    ref_patch = rk.apply(ref)  # the copy's own (deep-copied) patch, recognised by its mark
+    assert ref_patch is not patch and ref_patch.active
+    ref_patch.undo()
+    assert "forward" not in vars(ref) and "forward" in vars(model)
+    assert rk.apply(model) is patch
+    ids, labels = batch()
+    with dispatch.recording() as rec:
+        model(ids, labels=labels)
+    assert LINEAR_OPS & set(ops(rec))
+    patch.undo()
+    assert "forward" not in vars(model)

@@ -9,7 +9,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-_MISSING = object()
+
+class _Missing:
+    """No instance attribute was there before the patch (it is deleted on undo). A copy is the one sentinel, so the
+    patch a deep copy of a patched model carries still recognises it."""
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+_MISSING = _Missing()
 
 
 class UnsupportedVersionError(RuntimeError):
@@ -37,7 +49,7 @@ class Patch:
     """One applied patch: ``targets`` ``[(owner, attr, new)]`` are replaced together, and ``undo()`` restores each
     (a second undo does nothing); also a context manager (``with apply(...):`` undoes on exit)."""
 
-    def __init__(self, name: str, targets: list, options: dict, on_undo: Callable[[], None] | None = None):
+    def __init__(self, name: str, targets: list, options: dict, on_undo: Callable[[Patch], None] | None = None):
         self.name = name
         self.options = dict(options)
         self._on_undo = on_undo
@@ -61,7 +73,11 @@ class Patch:
                 setattr(owner, attr, previous)
         self.active = False
         if self._on_undo is not None:
-            self._on_undo()
+            self._on_undo(self)  # this patch, not one a closure captured (a deep copy of a model carries its patch)
+
+    def owners(self) -> list:
+        """The objects whose attributes this patch replaced, in order."""
+        return [owner for owner, _, _, _ in self._targets]
 
     def __enter__(self) -> Patch:
         return self

@@ -95,5 +95,5 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
                         if vars(mod).get(name) is originals[name]]
     _originals.update(originals)
     _state["options"] = options
-    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, recorded, on_undo=lambda: _state.clear())
+    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, recorded, on_undo=lambda _patch: _state.clear())
     return _state["patch"]

@@ -222,6 +222,11 @@ def _own_forward(original, call: dict, labels, temperature, return_entropy, opti
     return result if return_dict else result.to_tuple()
 
 
+def _unmark(patch: Patch) -> None:
+    """On undo: the mark off the model this patch replaced the forward of (a deep copy's patch: the copy's)."""
+    vars(patch.owners()[0]).pop(_MARK, None)
+
+
 def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_size: int | None = None,
           phases: bool = True) -> Patch:
     """Patch ``model.forward`` (a Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 causal LM, before it is
@@ -250,6 +255,6 @@ def apply(model, *, backend: str = "auto", require_fused: bool = False, chunk_si
     check_chunk_size(chunk_size)
     forward = _make_forward(model, options).__get__(model)
     patch = Patch("rlkernel.integrations.transformers", [(model, "forward", forward)], recorded,
-                  on_undo=lambda: vars(model).pop(_MARK, None))
+                  on_undo=_unmark)
     vars(model)[_MARK] = patch
     return patch

@@ -282,7 +282,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False, head: bool = Tr
         targets.append(_loss_target(trl, rk_head, bool(phases)))
     if phases:
         targets += _phase_targets(trl)
-    patch = Patch("rlkernel.integrations.trl", targets, options, on_undo=lambda: _state.clear())
+    patch = Patch("rlkernel.integrations.trl", targets, options, on_undo=lambda _patch: _state.clear())
     if rk_head is not None:
         rk_head.patch = patch
     _state["patch"] = patch

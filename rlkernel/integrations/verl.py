@@ -120,5 +120,5 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
                         if mod_name != home and vars(mod).get(name) is originals[name]]
     _originals.update(originals)
     _state["options"] = options
-    _state["patch"] = Patch("rlkernel.integrations.verl", targets, recorded, on_undo=lambda: _state.clear())
+    _state["patch"] = Patch("rlkernel.integrations.verl", targets, recorded, on_undo=lambda _patch: _state.clear())
     return _state["patch"]

@@ -51,27 +51,31 @@ def _pad(t, rows, value=0):
     return t if extra <= 0 else torch.cat([t, t.new_full((extra,) + tuple(t.shape[1:]), value)])
 
 
-def _aligned(t, rows):
-    """``t`` [r, c] in a fresh zero-filled ``[rows, c']`` block, c' = c rounded up to 64 bytes of t's dtype: every
-    row starts 64-byte aligned."""
+def bi_aligned(t, rows):
+    """``t`` [r, c] with every row starting 64-byte aligned (MKL's CPU GEMM result for a row depends on the row's
+    address): ``t`` itself where it already is (``rows`` rows, a row stride of whole 64-byte units, an aligned
+    start), else a fresh zero-filled ``[rows, c']`` block, c' = c rounded up to 64 bytes, holding it."""
     per = max(1, 64 // t.element_size())
+    if (t.shape[0] == rows and t.stride(-1) == 1 and t.stride(0) % per == 0 and t.data_ptr() % 64 == 0
+            and t.shape[1] % per == 0):
+        return t
     block = t.new_zeros((rows, -(-t.shape[1] // per) * per))
     block[: t.shape[0], : t.shape[1]] = t
     return block
 
 
 def bi_block(t, rows):
-    """batch_invariant: ``t``'s rows in a fresh zero-filled ``[rows, t.shape[1]]`` block whose rows all start
-    64-byte aligned (a view of an aligned block's first columns). The CPU GEMM's (MKL's) result for a row depends on
-    where the row starts in memory, so a row must sit alike in every block: with an odd width the rows of a plain
-    block start at alternating alignments."""
-    return _aligned(t, rows)[:, : t.shape[1]]
+    """batch_invariant: ``t``'s rows padded with zero rows to ``rows``, each row 64-byte aligned (a view of
+    ``bi_aligned``'s first columns): a row sits alike in every block, whatever the batch (with an odd width the rows
+    of a plain block start at alternating alignments)."""
+    return bi_aligned(t, rows)[:, : t.shape[1]]
 
 
-def bi_matmul(a, b, rows):
-    """batch_invariant: the first ``a.shape[0]`` rows of (``a`` padded to ``rows`` rows) @ ``b``, with the rows of
-    ``a`` and of the product 64-byte aligned (``b``'s columns zero-padded): one shape and one alignment per row."""
-    return (bi_block(a, rows) @ _aligned(b, b.shape[0]))[: a.shape[0], : b.shape[1]]
+def bi_matmul(a, b_aligned, rows, cols):
+    """batch_invariant: the first ``a.shape[0]`` rows and ``cols`` columns of (``a`` padded to ``rows`` rows) @
+    ``b_aligned`` (``bi_aligned(b, b.shape[0])``, made once per call by the caller: its zero columns make every
+    row of the product 64-byte aligned): one shape and one alignment per row."""
+    return (bi_block(a, rows) @ b_aligned)[: a.shape[0], :cols]
 
 
 def _matmul(h, weight, bias, logits32, batch_invariant=False):
@@ -83,7 +87,10 @@ def _matmul(h, weight, bias, logits32, batch_invariant=False):
         if reason is None:
             out = torch.empty(h.shape[0], weight.shape[0], dtype=torch.float32, device=h.device)
             return float32_logits(h, weight.t(), bias, out, bias_mode)
-    logits = h.float() @ weight.float().t()
+    hf = h.float()
+    if batch_invariant:  # the float32 copy of an odd-width block has misaligned rows again: align them
+        hf = bi_block(hf, hf.shape[0])
+    logits = hf @ weight.float().t()
     return logits if bias is None else logits + bias.float()
 
 
@@ -181,6 +188,7 @@ class _NativeLinearLogp(torch.autograd.Function):
             acc = precision.accumulation_dtype(stored_w.dtype, ctx.gemm_dtype, ctx.accumulation)
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
+            w_bi = bi_aligned(w, vocab) if need_h and ctx.batch_invariant else None  # once, not per chunk
             dw = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
             db = torch.zeros(vocab, dtype=acc, device=weight.device) if need_b else None
             if grad_logp is None and grad_ent is None:
@@ -209,7 +217,7 @@ class _NativeLinearLogp(torch.autograd.Function):
                 if need_h:
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
                         # the padded chunk's GEMM with batch_invariant: one shape, rows aligned alike
-                        dh[r0:r1] = bi_matmul(g[:k], w, m) if ctx.batch_invariant else g @ w
+                        dh[r0:r1] = bi_matmul(g[:k], w_bi, m, w.shape[1]) if ctx.batch_invariant else g @ w
                 g = g[:k]
                 if need_w:  # "input" accumulation of a 16-bit weight: each chunk's float32 product rounded
                     dw += (g.t() @ hidden[r0:r1].to(cd)).to(acc)

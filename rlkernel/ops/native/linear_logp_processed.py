@@ -23,7 +23,7 @@ from rlkernel.nvtx_ranges import op_range
 from rlkernel.ops import second_order
 from rlkernel.ops.blas import batch_invariant_blas
 from rlkernel.ops.native.filters import Filtered, column, row_sum
-from rlkernel.ops.native.linear_logp import bi_matmul
+from rlkernel.ops.native.linear_logp import bi_aligned, bi_matmul
 from rlkernel.ops.native.logp_processed import processed_grad, processed_values
 from rlkernel.ops.native.softmax import compute_dtype
 from rlkernel.validate import row_faults
@@ -123,6 +123,7 @@ class _NativeLinearProcessed(torch.autograd.Function):
             cd = compute_dtype(hidden.dtype)
             w = weight.to(cd)
             dh = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if need_h else None
+            w_bi = bi_aligned(w, vocab) if need_h and ctx.batch_invariant else None  # once, not per chunk
             dw = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
             db = torch.zeros(vocab, dtype=cd, device=weight.device) if need_b else None
             if grad_logp is None and grad_ent is None:
@@ -136,7 +137,7 @@ class _NativeLinearProcessed(torch.autograd.Function):
                                    None if grad_ent is None else grad_ent[r0:r1])
                 if need_h:  # batch_invariant: one dH GEMM shape per call, every row aligned alike
                     with batch_invariant_blas(cd, g.device, ctx.batch_invariant):
-                        dh[r0:r1] = bi_matmul(g, w, step) if ctx.batch_invariant else g @ w
+                        dh[r0:r1] = bi_matmul(g, w_bi, step, w.shape[1]) if ctx.batch_invariant else g @ w
                 if need_w:
                     dw += g.t() @ hidden[r0:r1].to(cd)
                 if need_b:
