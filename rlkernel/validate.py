@@ -208,27 +208,26 @@ def _raise_cpu_faults(op: str, settings: RowSettings, logits: torch.Tensor, give
         raise bad_arg_error(op, ARGUMENTS[code], row, as_given, "; it rounds to 0 in float32" if rounds_to_0 else "")
 
 
-def _temperature_rows(value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """A temperature tensor as float32 [N]: a float64 value > 0 that rounds to 0 in float32, or < 0 (a tiny one rounds
-    to -0.0), becomes NaN (out of range, so refused: on CPU at once, on CUDA through the device error record) instead
-    of a silent T = 0 (greedy) row. Every other dtype's positive values stay positive in float32."""
-    t = _row_tensor("temperature", value, logits, torch.float32)
-    if value.dtype == torch.float64:
-        wide = _row_tensor("temperature", value, logits, torch.float64)
-        # also a tiny negative value, which float32 rounds to -0.0 (it would pass as T = 0)
-        t = torch.where(((wide > 0) & (t == 0)) | (wide < 0), torch.full_like(t, math.nan), t)
-    return t
+# A float64 per-row setting is judged as given, as the same Python number is: (its range as given, whether float32
+# rounding a nonzero value to 0 changes its meaning: T = 0 is a greedy row, top_p 0 is out of range; min_p 0 is
+# simply no filter)
+_AS_GIVEN = {"temperature": (lambda w: w >= 0, True), "top_p": (lambda w: (w > 0) & (w <= 1), True),
+             "min_p": (lambda w: (w >= 0) & (w <= 1), False)}
 
 
-def _probability_rows(name: str, value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """A top_p / min_p tensor as float32 [N]: a float64 value out of range as given that float32 would round into
-    it (min_p 1 + 1e-10 -> 1) becomes NaN, out of range there too (on CPU refused at once, on CUDA through the device
-    error record), as the same Python number is refused."""
+def _float_rows(name: str, value: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """A temperature / top_p / min_p tensor as float32 [N]. A float64 value out of range as given (min_p 1 + 1e-10,
+    which float32 rounds to 1; a temperature of -1e-50, which it rounds to -0.0) or one > 0 that float32 rounds to 0
+    where 0 means something else (_AS_GIVEN) becomes NaN: out of range there too, refused on CPU at once and on CUDA
+    through the device error record, never a silent greedy or unfiltered row."""
     t = _row_tensor(name, value, logits, torch.float32)
     if value.dtype == torch.float64:
+        in_range, zero_differs = _AS_GIVEN[name]
         wide = _row_tensor(name, value, logits, torch.float64)
-        ok = ((wide > 0) if name == "top_p" else (wide >= 0)) & (wide <= 1)
-        t = torch.where(ok, t, torch.full_like(t, math.nan))
+        bad = ~in_range(wide)
+        if zero_differs:
+            bad = bad | ((wide != 0) & (t == 0))
+        t = torch.where(bad, torch.full_like(t, math.nan), t)
     return t
 
 
@@ -236,7 +235,7 @@ def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
     """Each setting checked (numbers at once: ValueError/TypeError naming it) and normalised (see RowSettings)."""
     vocab = logits.shape[-1]
     if isinstance(temperature, torch.Tensor):
-        temperature = _temperature_rows(temperature, logits)
+        temperature = _float_rows("temperature", temperature, logits)
     else:
         temperature = check_temperature(temperature, allow_zero=True)
     if type(top_k) is int and top_k >= 0:  # the common case first: the ABC checks below cost a loop's microseconds
@@ -250,13 +249,13 @@ def _settings(logits, temperature, top_k, top_p, min_p) -> RowSettings:
                              + (" (0 = all tokens: pass 0 for vLLM's -1)" if top_k == -1 else ""))
         top_k = min(int(top_k), vocab)  # k >= V keeps every token, as 0 does
     if isinstance(top_p, torch.Tensor):
-        top_p = _probability_rows("top_p", top_p, logits)
+        top_p = _float_rows("top_p", top_p, logits)
     elif not (0.0 < _real("top_p", top_p) <= 1.0):
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     else:
         top_p = float(top_p)
     if isinstance(min_p, torch.Tensor):
-        min_p = _probability_rows("min_p", min_p, logits)
+        min_p = _float_rows("min_p", min_p, logits)
     elif not (0.0 <= _real("min_p", min_p) <= 1.0):
         raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     else:

@@ -21,7 +21,7 @@ import torch
 
 from rlkernel import dispatch
 from rlkernel.ops import blas
-from rlkernel.validate import ARGUMENTS, _row_tensor, _temperature_rows, bad_arg_error, check_temperature
+from rlkernel.validate import ARGUMENTS, _float_rows, _row_tensor, bad_arg_error, check_temperature
 
 OUTPUT_NAMES = ("entropy", "log_sum_sq_probs", "mean_logit", "is_top1")
 _LOG2E = 1.4426950408889634
@@ -158,7 +158,7 @@ def check_options(hidden: torch.Tensor, temperature, softcap, logit_scale, outpu
         if (compute or hidden.dtype) == torch.float64:
             t = _row_tensor("temperature", temperature, hidden, torch.float64)
         else:
-            t = _temperature_rows(temperature, hidden)
+            t = _float_rows("temperature", temperature, hidden)
         bad = linear_faults(t)
         if hidden.device.type == "cpu" and not torch.compiler.is_compiling():
             if bool(bad.any()):
