@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import pathlib
 
+from rlkernel.cli import INT64_MAX
+
 SCHEMA = 1
 MANIFEST_KEYS = ("schema", "created_at", "status", "error", "command", "workloads", "node", "tools", "steps",
                  "dispatch", "env")
@@ -43,7 +45,6 @@ def read_json(path: pathlib.Path, what: str):
         raise _trace_error(f"{path}: not a readable JSON {what} ({why})") from None
 
 
-_INT_MAX = 2 ** 63 - 1  # the bytes/flops columns are BIGINT
 _KIND_NAMES = {str: "a string", list: "a list", dict: "an object"}
 
 
@@ -71,7 +72,8 @@ def manifest_problem(data) -> str | None:
             return f"workloads[{i}].path is not a string"
         for key in ("bytes", "flops"):
             v = w.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _INT_MAX):
+            # the bytes / flops columns are BIGINT
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= INT64_MAX):
                 return f"workloads[{i}].{key} is {v!r}, not a non-negative integer"
     if not isinstance(data.get("dispatch", []), list):
         return "dispatch is not a list"

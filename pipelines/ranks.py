@@ -28,12 +28,12 @@ import pandas as pd
 
 from pipelines import analysis, inputs, sql, trace_db
 from pipelines.manifest import read_manifest  # the one manifest reader (its shape checks)
+from rlkernel.cli import INT64_MAX
 
 WHOLE_TRACE = "(whole trace)"
 COMM_PATTERNS = ("nccl*",)
 # `nsys -o rank%q{RANK}` and capture --ranks (trace_rank<N>.sqlite) both put `rank<N>` in the name
 _RANK_RE = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-_INT64_MAX = 2 ** 63 - 1
 _PID_MASK = 0xFFFFFF  # globalPid >> 24 keeps the hardware/VM ids above the pid's 24 bits
 CONNECT_TIMEOUT_S = 20  # how long --executor dask:// waits for the scheduler to answer
 HANDSHAKE_TIMEOUT_S = 5  # a Dask server sends its handshake as it accepts; a silent port gets this long
@@ -101,7 +101,7 @@ def rank_numbers(names: list[str]) -> list[int]:
     if all(found):
         nums = [int(m.group(1)) for m in found]
         for n, k in zip(names, nums, strict=True):
-            if k > _INT64_MAX:  # pandas would hold it as a float: 1e+20 in the CSVs, and every other rank 0.0
+            if k > INT64_MAX:  # pandas would hold it as a float: 1e+20 in the CSVs, and every other rank 0.0
                 raise RanksError(f"{n}: rank {k} does not fit a 64-bit integer")
         if len(set(nums)) == len(nums):
             return nums
