@@ -201,8 +201,8 @@ from rlkernel.ops.fused import epilogue_gemm  # noqa: E402
 from rlkernel.ops.fused import linear_logp as F  # noqa: E402
 from rlkernel.ops.native.linear_logp import linear_logp_native  # noqa: E402
 
-# argv[1], if any: epilogue_gemm.ENABLED for the whole run ("auto" or "True": every call must still reach the
-# cuBLAS path's stand-ins, the epilogue GEMM refusing CPU tensors with a reason instead of querying a GPU)
+# argv[1], if any: epilogue_gemm.ENABLED for the whole run ("False"; the default "auto" or "True": every call must
+# still reach the cuBLAS path's stand-ins, the epilogue GEMM refusing CPU tensors with a reason, not querying a GPU)
 if len(sys.argv) > 1:
     epilogue_gemm.ENABLED = {"False": False, "True": True, "auto": "auto"}[sys.argv[1]]
 

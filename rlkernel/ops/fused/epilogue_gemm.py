@@ -6,8 +6,8 @@ csrc/linear_logp_epilogue.cu).
 - Its logits are float32 (the accumulator, plus the bias in float32) whatever ``logits_dtype`` says: with the inputs'
   dtype requested they are simply not rounded to 16 bits. The backward that follows it is the float32-logits one
   (``logits32``), so the gradient's softmax is that of the forward's logits.
-- ``ENABLED``: False (off, the default), True (every call it covers) or ``"auto"``, the measured policy
-  (docs/benchmarks.md, H200): at hidden size <= ``AUTO_MAX_HIDDEN``, a call that asked for float32 logits, unless
+- ``ENABLED``: ``"auto"`` (the default), the measured policy, False (off) or True (every call it covers); "auto"
+  (docs/benchmarks.md, H200) takes, at hidden size <= ``AUTO_MAX_HIDDEN``, a call that asked for float32 logits, unless
   taking it adds a recompute to the backward; the gradient epilogue at that hidden size too. ``reason`` says why a
   call does not take it (recorded in ``records()``), and the caller then runs the cuBLAS tile + fold path.
 - Rows go in blocks so the partials (16 bytes per row and tile) stay within ``PARTIAL_BYTES``.
@@ -33,9 +33,9 @@ from rlkernel import _ext
 # alone measured 0.854x: the epilogue's logits are float32, so the same call would give other log-probs without a
 # backward (old / reference log-probs, epilogue) than with one (cuBLAS), and an importance ratio of the two would
 # not be 1 on policy. A float32-logits linear_logp takes the epilogue with or without a backward (its backward
-# recomputes either way), so its values do not depend on autograd. Off by default until the whole suite has run on
-# the H200 with "auto".
-ENABLED: bool | str = False
+# recomputes either way), so its values do not depend on autograd. The default since the whole suite passed on the
+# H200 with it (2026-12-05).
+ENABLED: bool | str = "auto"
 AUTO_MAX_HIDDEN = 1024  # "auto": measured a win at H = 896, a loss at 4096; between them unmeasured
 # batch_invariant=True is covered: one tile shape, no split-K or stream-K (the persistent data-parallel scheduler),
 # each output element's K sum in the same order, and each row's partials merged in a fixed order: a row's results
