@@ -128,3 +128,51 @@ def test_masked_rows_with_fewer_finite_logits_than_k_match_float64():
         x[r, where] = torch.randn(allowed, generator=g) * 2
     settings = [(1.0, 1024, 0.9, 0.0)] * 2
     _check_processed(x.cuda(), settings, dict(temperature=1.0, top_k=1024, top_p=0.9), g)
+
+
+def _clear_top_p_alone(row, temperature, mass, min_p=False):
+    """(T, 0, top_p, min_p) for a row (float32 on the CPU, already its dtype's values): top_p halfway through the
+    step of the token at which the sorted mass first reaches `mass`, and (min_p=True) min_p halfway between the two
+    lowest p / p_max levels of the tokens top_p keeps: each decision as far from its threshold as the row allows, so
+    float32 rounding cannot move it and the float64 kept set can be checked."""
+    p = torch.softmax(row.double() / temperature, -1).sort(descending=True).values
+    after = p.cumsum(0)
+    j = int(torch.searchsorted(after, torch.tensor([mass], dtype=torch.float64)))
+    top_p = float(after[j] - p[j] / 2)
+    levels = (p[:j + 1] / p[0]).unique()  # ascending
+    return temperature, 0, top_p, float((levels[0] + levels[1]) / 2) if min_p else 0.0
+
+
+def _top_p_alone_row(ties, g, vocab=128256):
+    """A row whose top_p crossing has a clear margin: a head that holds most of the mass over a Gaussian tail. With
+    ties, 20 tokens above `ties` tokens tied at 8.0, where the settings below put the crossing."""
+    row = torch.randn(vocab, generator=g)
+    where = torch.randperm(vocab, generator=g)
+    if ties:
+        row[where[:20]] = 10.0 + torch.rand(20, generator=g)
+        row[where[20:20 + ties]] = 8.0
+    else:
+        row[where[:400]] = 7.0 + 3 * torch.rand(400, generator=g)
+    return row.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("ties", [0, 3000])
+def test_top_p_alone_rows_match_float64(ties):
+    # top_p alone (no top_k), the whole-row path: with and without 3000 tokens tied at the value where the mass
+    # crosses (more than the candidate list's kRowCandCap holds). The three rows are permutations of one row, so
+    # one setting fits all of them (the scalar calls) and its ties sit at other ids in each.
+    vocab, g = 128256, torch.Generator().manual_seed(11 + ties)
+    base = _top_p_alone_row(ties, g, vocab)
+    x = torch.stack([base[torch.randperm(vocab, generator=g)] for _ in range(3)])
+    settings = [_clear_top_p_alone(base, 1.0, 0.8), _clear_top_p_alone(base, 0.7, 0.5, min_p=True),
+                _clear_top_p_alone(base, 1.3, 0.5)]
+    for s in settings:  # the inputs are what the comments say (CPU-side preconditions, not the kernel's check)
+        kept, _, margin = kept_set(base, *s)
+        assert margin > 1e-4, (s, margin)
+        if ties and s[3] == 0:
+            assert 0 < int((base[kept] == 8.0).sum()) < ties, "the top_p crossing is not inside the tied block"
+    t, k, p, m = (torch.tensor(c, device="cuda") for c in zip(*settings, strict=True))
+    _check_processed(x.to(torch.bfloat16).cuda(), settings,
+                     dict(temperature=t.float(), top_k=k.long(), top_p=p.float(), min_p=m.float()), g)
+    for s in settings:  # scalar settings: rlkernel_sample_rows
+        _check_processed(x.to(torch.bfloat16).cuda(), [s] * 3, dict(temperature=s[0], top_p=s[2], min_p=s[3]), g)
