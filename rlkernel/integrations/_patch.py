@@ -7,6 +7,7 @@ FSDP and ZeRO hooks in the call path: the wrapper still calls the patched code.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 
 
@@ -108,3 +109,48 @@ def reuse(existing: Patch | None, name: str, options: dict) -> Patch | None:
     if existing.options != options:
         raise ValueError(f"{name} is already applied with {existing.options}; undo() it before applying {options}")
     return existing
+
+
+class ProcessPatch:
+    """The one patch of a process-wide integration (a framework's module functions or classes): the active Patch,
+    the rlkernel ops' options its replacements call with, and the framework's own functions they replaced, kept
+    past undo(): a framework module imported while the patch was active bound a replacement, which then calls the
+    framework's own again (replacements check ``active``)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.patch: Patch | None = None
+        self.options: dict = {}
+        self.originals: dict = {}
+
+    @property
+    def active(self) -> bool:
+        return self.patch is not None
+
+    def reuse(self, recorded: dict) -> Patch | None:
+        """``reuse`` for this integration's active patch."""
+        return reuse(self.patch, self.name, recorded)
+
+    def install(self, targets: list, recorded: dict, options: dict | None = None) -> Patch:
+        """Replace ``targets`` [(owner, attr, new)] as one Patch (``recorded``: its options, for ``reuse``) and keep
+        each replaced function, by name, in ``originals``."""
+        self.originals.update({attr: vars(owner)[attr] for owner, attr, _ in targets if attr in vars(owner)})
+        self.options = dict(options or {})
+        self.patch = Patch(self.name, targets, recorded, on_undo=self._undone)
+        return self.patch
+
+    def _undone(self, _patch: Patch) -> None:
+        self.patch, self.options = None, {}
+
+
+def bound_by_name(prefix: str, targets: list) -> list:
+    """[(module, attr, new)] for every loaded module under ``prefix`` that bound one of ``targets``' functions by
+    name (``from .utils import f``) before the patch: patched beside ``targets`` [(owner, attr, new)], whose owners
+    still hold the originals."""
+    found = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(prefix):
+            continue
+        found += [(mod, attr, new) for owner, attr, new in targets
+                  if mod is not owner and vars(mod).get(attr) is vars(owner)[attr]]
+    return found

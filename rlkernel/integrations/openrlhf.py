@@ -22,27 +22,19 @@ with ``rlkernel.phase``.
 from __future__ import annotations
 
 import importlib
-import sys
 from importlib import metadata
 
 import torch
 
 import rlkernel
 from rlkernel import dispatch
-from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
+from rlkernel.integrations._patch import Patch, ProcessPatch, bound_by_name, check_options, check_version
 from rlkernel.validate import check_logp_args
 
 OP = "integrations.openrlhf"
 MINIMUM, BELOW = (0, 11), (0, 12)
 NAMES = ("log_probs_from_logits", "compute_entropy")
-_state: dict = {}  # the active patch and its options
-# OpenRLHF's own functions, kept past undo(): an openrlhf module imported while the patch was active bound a
-# replacement, which then calls OpenRLHF's own again (the replacements check _active())
-_originals: dict = {}
-
-
-def _active() -> bool:
-    return "patch" in _state
+_slot = ProcessPatch("rlkernel.integrations.openrlhf")
 
 
 def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -50,9 +42,9 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
     temperature other than 1 kept (its ``compute_entropy`` then reads the divided logits; the division is part of
     the autograd graph, as OpenRLHF's). A call rlkernel.logp refuses before any work (bad labels, a fused path
     demanded where it cannot run) is refused before the division too: the logits are left as they were."""
-    if not _active():
-        return _originals["log_probs_from_logits"](logits, labels, temperature)
-    opts = _state["options"]
+    if not _slot.active:
+        return _slot.originals["log_probs_from_logits"](logits, labels, temperature)
+    opts = _slot.options
     if temperature != 1.0:
         check_logp_args(logits, labels, 1.0, -100)
         if not dispatch.would_block("logp.forward", opts["backend"], opts["require_fused"], logits.device,
@@ -63,10 +55,10 @@ def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor, temperatur
 
 def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
     """OpenRLHF's ``compute_entropy`` by rlkernel.logp's entropy (a dummy id 0 scored alongside)."""
-    if not _active():
-        return _originals["compute_entropy"](logits)
+    if not _slot.active:
+        return _slot.originals["compute_entropy"](logits)
     ids = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
-    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state["options"])
+    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_slot.options)
     return entropy.to(logits.dtype)
 
 
@@ -83,17 +75,9 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
     utils = importlib.import_module("openrlhf.models.utils")
     options = {"backend": backend, "require_fused": bool(require_fused)}
     recorded = {**options, "phases": bool(phases)}  # options: the rlkernel ops' keywords
-    existing = reuse(_state.get("patch"), "rlkernel.integrations.openrlhf", recorded)
+    existing = _slot.reuse(recorded)
     if existing is not None:
         return existing
     check_options(backend, require_fused)
-    originals = {name: getattr(utils, name) for name in NAMES}
     targets = [(utils, name, REPLACEMENTS[name]) for name in NAMES]
-    for mod_name, mod in list(sys.modules.items()):  # modules that imported the functions by name
-        if mod_name.startswith("openrlhf.") and mod is not utils and mod is not None:
-            targets += [(mod, name, REPLACEMENTS[name]) for name in NAMES
-                        if vars(mod).get(name) is originals[name]]
-    _originals.update(originals)
-    _state["options"] = options
-    _state["patch"] = Patch("rlkernel.integrations.openrlhf", targets, recorded, on_undo=lambda _patch: _state.clear())
-    return _state["patch"]
+    return _slot.install(targets + bound_by_name("openrlhf.", targets), recorded, options)

@@ -49,13 +49,20 @@ import torch
 import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head, trl_loss
-from rlkernel.integrations._patch import _MISSING, Patch, UnsupportedVersionError, check_options, check_version, reuse
+from rlkernel.integrations._patch import (
+    _MISSING,
+    Patch,
+    ProcessPatch,
+    UnsupportedVersionError,
+    check_options,
+    check_version,
+)
 
 OP = "integrations.trl"
 MINIMUM, BELOW = (1, 16), (2, 0)
 SUPPORTED_OUTPUTS = ("log_probs", "entropy")
 PHASED_METHODS = ("_generate", "_get_per_token_logps_and_entropies", "compute_loss", "train")
-_state: dict = {}  # the active patch
+_slot = ProcessPatch("rlkernel.integrations.trl")
 
 
 def fallback_reason(hidden, weight, bias, final_logit_softcapping, logit_scale, outputs,
@@ -261,7 +268,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False, head: bool = Tr
 
     options = {"backend": backend, "require_fused": bool(require_fused), "head": bool(head),
                "phases": bool(phases), "loss": bool(loss)}
-    existing = reuse(_state.get("patch"), "rlkernel.integrations.trl", options)
+    existing = _slot.reuse(options)
     if existing is not None:
         return existing
     if not (head or phases):
@@ -282,8 +289,7 @@ def apply(*, backend: str = "auto", require_fused: bool = False, head: bool = Tr
         targets.append(_loss_target(trl, rk_head, bool(phases)))
     if phases:
         targets += _phase_targets(trl)
-    patch = Patch("rlkernel.integrations.trl", targets, options, on_undo=lambda _patch: _state.clear())
+    patch = _slot.install(targets, options)
     if rk_head is not None:
         rk_head.patch = patch
-    _state["patch"] = patch
     return patch

@@ -23,25 +23,17 @@ its calls with ``rlkernel.phase``.
 from __future__ import annotations
 
 import importlib
-import sys
 
 import torch
 
 import rlkernel
 from rlkernel import dispatch
 from rlkernel.integrations import _head
-from rlkernel.integrations._patch import Patch, check_options, check_version, reuse
+from rlkernel.integrations._patch import Patch, ProcessPatch, bound_by_name, check_options, check_version
 
 OP = "integrations.verl"
 MINIMUM, BELOW = (0, 9), (0, 10)
-_state: dict = {}  # the active patch and its options
-# verl's own functions, kept past undo(): a verl module imported while the patch was active bound a replacement,
-# which then calls verl's own again (the replacements check _active())
-_originals: dict = {}
-
-
-def _active() -> bool:
-    return "patch" in _state
+_slot = ProcessPatch("rlkernel.integrations.verl")
 
 
 def head_fallback_reason(hidden, weight, temperature, reduction, dist_process_group) -> str | None:
@@ -61,13 +53,14 @@ def head_fallback_reason(hidden, weight, temperature, reduction, dist_process_gr
 
 def linear_cross_entropy(hidden, weight, labels, temperature=1.0, reduction="none", dist_process_group=None):
     """verl's ``linear_cross_entropy`` by rlkernel.linear_logp: ``(log_probs, entropy)``."""
-    if not _active():  # bound by a verl module while the patch was active, called after undo(): verl's own
-        return _originals["linear_cross_entropy"](hidden, weight, labels, temperature, reduction, dist_process_group)
+    verls = _slot.originals["linear_cross_entropy"]
+    if not _slot.active:  # bound by a verl module while the patch was active, called after undo(): verl's own
+        return verls(hidden, weight, labels, temperature, reduction, dist_process_group)
     reason = head_fallback_reason(hidden, weight, temperature, reduction, dist_process_group)
-    opts = _state["options"]
+    opts = _slot.options
     if reason is not None:
         dispatch.framework_fallback(OP, reason, **opts)
-        return _originals["linear_cross_entropy"](hidden, weight, labels, temperature, reduction, dist_process_group)
+        return verls(hidden, weight, labels, temperature, reduction, dist_process_group)
     with _head.autocast_off(hidden):
         return rlkernel.linear_logp(hidden, weight, labels.to(torch.int64), temperature=temperature,
                                     return_entropy=True, **opts)
@@ -75,17 +68,17 @@ def linear_cross_entropy(hidden, weight, labels, temperature=1.0, reduction="non
 
 def logprobs_from_logits(logits, labels, inplace_backward=True):
     """verl's ``logprobs_from_logits`` by rlkernel.logp: float32, shape ``logits.shape[:-1]``."""
-    if not _active():
-        return _originals["logprobs_from_logits"](logits, labels, inplace_backward)
-    return rlkernel.logp(logits, labels, inplace_backward=bool(inplace_backward), **_state["options"])
+    if not _slot.active:
+        return _slot.originals["logprobs_from_logits"](logits, labels, inplace_backward)
+    return rlkernel.logp(logits, labels, inplace_backward=bool(inplace_backward), **_slot.options)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     """verl's ``entropy_from_logits`` by rlkernel.logp's entropy (a dummy id 0 scored alongside)."""
-    if not _active():
-        return _originals["entropy_from_logits"](logits)
+    if not _slot.active:
+        return _slot.originals["entropy_from_logits"](logits)
     ids = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
-    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_state["options"])
+    _, entropy = rlkernel.logp(logits, ids, return_entropy=True, **_slot.options)
     return entropy.to(logits.dtype)
 
 
@@ -105,20 +98,9 @@ def apply(*, backend: str = "auto", require_fused: bool = False, phases: bool = 
     check_version("verl", "verl", verl.__version__, MINIMUM, BELOW)
     options = {"backend": backend, "require_fused": bool(require_fused)}
     recorded = {**options, "phases": bool(phases)}  # options: the rlkernel ops' keywords
-    existing = reuse(_state.get("patch"), "rlkernel.integrations.verl", recorded)
+    existing = _slot.reuse(recorded)
     if existing is not None:
         return existing
     check_options(backend, require_fused)
-    targets, originals = [], {}
-    for (mod_name, name), new in REPLACEMENTS.items():
-        mod = importlib.import_module(mod_name)
-        originals[name] = getattr(mod, name)
-        targets.append((mod, name, new))
-    for mod_name, mod in list(sys.modules.items()):  # modules that imported the functions by name
-        if mod_name.startswith("verl.") and mod is not None:
-            targets += [(mod, name, new) for (home, name), new in REPLACEMENTS.items()
-                        if mod_name != home and vars(mod).get(name) is originals[name]]
-    _originals.update(originals)
-    _state["options"] = options
-    _state["patch"] = Patch("rlkernel.integrations.verl", targets, recorded, on_undo=lambda _patch: _state.clear())
-    return _state["patch"]
+    targets = [(importlib.import_module(mod_name), name, new) for (mod_name, name), new in REPLACEMENTS.items()]
+    return _slot.install(targets + bound_by_name("verl.", targets), recorded, options)
