@@ -3,6 +3,8 @@ manager, idempotence, refusing to drop a later patch), the version check, and di
 (docs/contracts.md, section 2)."""
 from __future__ import annotations
 
+import copy
+import sys
 import types
 import warnings
 
@@ -69,6 +71,40 @@ def test_reuse_returns_the_active_patch_and_refuses_other_options():
         _patch.reuse(p, "x", {"backend": "native"})
     p.undo()
     assert _patch.reuse(p, "x", {"backend": "native"}) is None
+
+
+def test_a_process_patch_keeps_the_originals_past_undo_and_reuses_the_active_patch():
+    mod = _owner()
+    slot = _patch.ProcessPatch("x")
+    p = slot.install([(mod, "entry", "ours")], {"backend": "auto"}, {"backend": "auto"})
+    assert slot.active and slot.options == {"backend": "auto"} and mod.entry == "ours"
+    assert slot.reuse({"backend": "auto"}) is p
+    with pytest.raises(ValueError, match="already applied"):
+        slot.reuse({"backend": "native"})
+    p.undo()
+    assert not slot.active and slot.options == {} and mod.entry == "original"
+    assert slot.originals == {"entry": "original"}  # what a replacement bound elsewhere falls back to
+    assert slot.reuse({"backend": "native"}) is None
+
+
+def test_undoing_a_deep_copy_of_a_process_patch_frees_the_process_slot():
+    # a patch of class attributes survives copy.deepcopy (classes are not copied): undoing the copy restores the
+    # classes, so the process' slot must be freed too, or the next apply would return a patch that patches nothing
+    cls = type("Trainer", (), {"step": "original"})
+    slot = _patch.ProcessPatch("x")
+    p = slot.install([(cls, "step", "ours")], {})
+    copy.deepcopy(p).undo()
+    assert cls.step == "original" and not slot.active and slot.reuse({}) is None
+
+
+def test_bound_by_name_finds_the_modules_that_imported_a_patched_function(monkeypatch):
+    home, user, other = (types.ModuleType(f"fakefw.{n}") for n in ("utils", "actor", "misc"))
+    home.fn = user.fn = object()  # user: "from .utils import fn"
+    other.fn = object()  # a function of the same name that is not the patched one
+    for m in (home, user, other):
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    monkeypatch.setitem(sys.modules, "elsewhere.actor", user)  # outside the prefix: not searched under its name
+    assert _patch.bound_by_name("fakefw.", [(home, "fn", "ours")]) == [(user, "fn", "ours")]
 
 
 @pytest.mark.parametrize(("version", "ok"), [("1.16.0", True), ("1.16.0.dev0", True), ("1.99", True),

@@ -138,8 +138,10 @@ def _clear_top_p_alone(row, temperature, mass, min_p=False):
     p = torch.softmax(row.double() / temperature, -1).sort(descending=True).values
     after = p.cumsum(0)
     j = int(torch.searchsorted(after, torch.tensor([mass], dtype=torch.float64)))
+    assert j < len(p), f"mass {mass} is not reached"
     top_p = float(after[j] - p[j] / 2)
     levels = (p[:j + 1] / p[0]).unique()  # ascending
+    assert len(levels) >= 2 or not min_p, "top_p keeps a single p / p_max level: no min_p cut between two"
     return temperature, 0, top_p, float((levels[0] + levels[1]) / 2) if min_p else 0.0
 
 
@@ -158,9 +160,10 @@ def _top_p_alone_row(ties, g, vocab=128256):
 
 @pytest.mark.parametrize("ties", [0, 3000])
 def test_top_p_alone_rows_match_float64(ties):
-    # top_p alone (no top_k), the whole-row path: with and without 3000 tokens tied at the value where the mass
-    # crosses (more than the candidate list's kRowCandCap holds). The three rows are permutations of one row, so
-    # one setting fits all of them (the scalar calls) and its ties sit at other ids in each.
+    # top_p alone (no top_k: the whole-row law, which builds no candidate list for it), with and without 3000
+    # tokens tied at the value where the mass crosses (the ids order the tie; a path that lists the crossing value's
+    # tokens would overflow the list's kRowCandCap of 2048). The three rows are permutations of one row, so one
+    # setting fits all of them (the scalar calls) and its ties sit at other ids in each.
     vocab, g = 128256, torch.Generator().manual_seed(11 + ties)
     base = _top_p_alone_row(ties, g, vocab)
     x = torch.stack([base[torch.randperm(vocab, generator=g)] for _ in range(3)])

@@ -123,6 +123,12 @@ class ProcessPatch:
         self.options: dict = {}
         self.originals: dict = {}
 
+    def __copy__(self):  # one per process: a deep copy of a patch (a patched class's) undoes this one's state
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
     @property
     def active(self) -> bool:
         return self.patch is not None
