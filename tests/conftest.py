@@ -9,8 +9,9 @@ import rlkernel
 def pytest_configure(config):
     """Under pytest-xdist (``-n N``) each worker, and the processes its tests start, get a share of the cores for
     torch's CPU threads instead of all of them: N workers of one thread per core each oversubscribe the machine, and
-    small CPU ops then wait on OpenMP barriers (tests/fused_on_cpu.py takes 10 s alone on a 2-core machine and took
-    358 s inside the H200 suite at -n 14 on 16 cores). An OMP_NUM_THREADS the caller set is left as it is."""
+    small CPU ops then wait on OpenMP barriers: tests/fused_on_cpu.py takes 10 s alone on a 2-core machine, 46 s as
+    three copies at once with 8 threads each there (12 s with 1 each), and took 358 s inside the H200 suite at
+    -n 14 on 16 cores. An OMP_NUM_THREADS the caller set is left as it is."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         share = max(1, (os.cpu_count() or 1) // workers)
