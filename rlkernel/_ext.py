@@ -250,6 +250,8 @@ def _peek() -> _State:
             return _not_built(exc)
         p = _jit.paths(spec)
         library = _jit.find(p)
+        if library is None and (covering := _jit.find_covering(spec, p.root)) is not None:
+            library = covering.library  # built for more targets than this machine's
         if library is not None:
             return _settle(_from_cache(spec, library, None))
         problem = _jit.missing_tool(spec)

@@ -73,12 +73,16 @@ class ExtensionBuildFailed(ExtensionNotBuilt):
 
 
 class ExtensionCacheUnwritable(ExtensionNotBuilt):
-    """The cache folder cannot take a build (read-only, not a folder, or full)."""
+    """The cache folder cannot take a build (read-only, not a folder, full, or on a file system without locks)."""
 
-    def __init__(self, root: Path, exc: OSError):
+    def __init__(self, root: Path, exc: OSError, what: str | None = None):
         full = exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-        what = "is full" if full else "is not writable"
-        super().__init__("extension cache full" if full else "extension cache not writable",
+        reason = "extension cache full" if full else "extension cache not writable"
+        if what is None:
+            what = "is full" if full else "is not writable"
+        else:
+            reason = f"extension cache {what}"
+        super().__init__(reason,
                          f"the extension cache {root} {what} ({exc.strerror or exc}): set {CACHE_ENV} to a "
                          f"writable folder, or build ahead of time with python -m rlkernel.build --out DIR")
         self.root = root
@@ -132,9 +136,22 @@ def _versions() -> dict:
 
 
 def key_fields(spec: Spec, hashed: str | None = None) -> dict:
+    """What an entry is keyed by. Include folders outside the sources' root (absolute: a wheel's headers in some
+    venv) are left out, or the same versions installed elsewhere would miss a shared or prebuilt cache: a spec
+    keys their contents by a flag (rlkernel: -DRLKERNEL_CUTLASS_VERSION)."""
     return {"format": _FORMAT, "name": spec.name, "sources": hashed or sources_hash(spec.root), **_versions(),
             "archs": list(spec.archs), "with_cuda": spec.with_cuda, "sources_list": list(spec.sources),
-            "include_dirs": list(spec.include_dirs), "cflags": list(spec.cflags), "cuda_cflags": list(spec.cuda_cflags)}
+            "include_dirs": [d for d in spec.include_dirs if not Path(d).is_absolute()], "cflags": list(spec.cflags),
+            "cuda_cflags": list(spec.cuda_cflags)}
+
+
+def _without_archs(fields: dict) -> dict:
+    """An entry's key fields less what its targets decide (the archs, and each flag that names one of them)."""
+    archs = fields.get("archs") or []
+    out = {k: v for k, v in fields.items() if k not in ("archs", "key")}
+    for name in ("cflags", "cuda_cflags"):
+        out[name] = [f for f in fields.get(name, []) if not any(a in f for a in archs)]
+    return out
 
 
 def key(spec: Spec, hashed: str | None = None) -> str:
@@ -161,10 +178,12 @@ class Paths:
 
 
 def paths(spec: Spec, root: Path | None = None, hashed: str | None = None) -> Paths:
-    root = cache_root() if root is None else Path(root)
-    k = key(spec, hashed)
-    stem = root / f"{spec.name}-{k}"
-    return Paths(spec.name, root, stem, stem.with_name(stem.name + ".lock"), stem.with_name(stem.name + ".log"),
+    return paths_for_key(spec.name, cache_root() if root is None else Path(root), key(spec, hashed))
+
+
+def paths_for_key(name: str, root: Path, k: str) -> Paths:
+    stem = root / f"{name}-{k}"
+    return Paths(name, root, stem, stem.with_name(stem.name + ".lock"), stem.with_name(stem.name + ".log"),
                  stem.with_name(stem.name + ".failed"), k)
 
 
@@ -175,6 +194,28 @@ def find(p: Paths) -> Path | None:
     except (OSError, ValueError):
         return None
     return p.library if meta.get("key") == p.key and p.library.is_file() else None
+
+
+def find_covering(spec: Spec, root: Path | None = None, hashed: str | None = None) -> Paths | None:
+    """A finished entry built from the same sources, versions and flags for more targets than ``spec``'s (an image's
+    ``rlkernel.build --arch sm_90a,sm_80 --out DIR`` on a node that sees only sm_90a), or None. Its library holds
+    the code of each of ``spec``'s targets."""
+    want = key_fields(spec, hashed)
+    want_free = _without_archs(want)
+    root = cache_root() if root is None else Path(root)
+    for meta_file in sorted(root.glob(f"{spec.name}-*/build.json")):
+        try:
+            meta = json.loads(meta_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if not set(want["archs"]) <= set(meta.get("archs") or []):
+            continue
+        if _without_archs({k: meta.get(k) for k in want}) != want_free:
+            continue
+        q = paths_for_key(spec.name, root, str(meta.get("key")))
+        if q.entry == meta_file.parent and find(q) is not None:
+            return q
+    return None
 
 
 def import_library(spec: Spec, library: Path):
@@ -383,7 +424,7 @@ def _finish(spec: Spec, p: Paths, tmp: Path, library: Path, seconds: float) -> P
 def build_locked(spec: Spec, p: Paths, progress=None) -> Path:
     """Build ``spec`` into ``p.entry`` (the lock held): its library. Raises ExtensionBuildFailed (naming the log)."""
     _remove_stale(p)
-    if p.entry.exists():  # not a finished entry (find() said so): not ours, never loadable, in the rename's way
+    if p.entry.exists():  # not a finished entry (find() said so) or a damaged one (intact() said so): in the way
         shutil.rmtree(p.entry)
     p.failed.unlink(missing_ok=True)
     tmp = p.root / f".tmp-{p.entry.name}-{os.getpid()}-{next(_serial)}"
@@ -411,15 +452,43 @@ def build_locked(spec: Spec, p: Paths, progress=None) -> Path:
     return out
 
 
-def ensure(spec: Spec, root: Path | None = None, progress=None) -> tuple[Path, float | None]:
-    """The library of ``spec`` in the cache, built first if need be: (library, seconds it took to build here, or
-    None when it was there or another process built it). N processes at once build once."""
+def intact(p: Paths) -> bool:
+    """Whether the entry's library is the one recorded when it was built (hashes it: for a tool, not every load)."""
+    try:
+        meta = json.loads(p.meta.read_text())
+        return hashlib.sha256(p.library.read_bytes()).hexdigest() == meta.get("library_sha256")
+    except (OSError, ValueError):
+        return False
+
+
+def _lock(lock, spec: Spec, p: Paths) -> float | None:
+    """Take the build lock: None when it was free, else the time this process started waiting for it."""
     import fcntl
 
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        pass
+    waited_since = time.time()
+    say(f"waiting for another process building {spec.label} for {_archs_text(spec)} (lock {p.lock})")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return waited_since
+
+
+def ensure(spec: Spec, root: Path | None = None, progress=None, verify: bool = False) -> tuple[Path, float | None]:
+    """The library of ``spec`` in the cache (or of an entry built for more targets: ``find_covering``), built first
+    if need be: (library, seconds it took to build here, or None when it was there or another process built it).
+    N processes at once build once. ``verify``: an entry whose library differs from the one recorded (damaged) is
+    rebuilt, not returned (hashing the library: for ``rlkernel.build``, not every first call)."""
     p = paths(spec, root)
     found = find(p)
-    if found is not None:  # no lock, no write: a read-only cache that holds the entry is fine
+    if found is not None and (not verify or intact(p)):  # no lock, no write: a read-only cache that holds it is fine
         return found, None
+    if found is None:
+        covering = find_covering(spec, p.root)
+        if covering is not None and (not verify or intact(covering)):
+            return covering.library, None
     problem = missing_tool(spec)
     if problem:
         raise ExtensionNotBuilt("extension not built", problem)
@@ -430,14 +499,11 @@ def ensure(spec: Spec, root: Path | None = None, progress=None) -> tuple[Path, f
         raise ExtensionCacheUnwritable(p.root, exc) from None
     with lock:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            waited_since = None
-        except BlockingIOError:
-            waited_since = time.time()
-            say(f"waiting for another process building {spec.label} for {_archs_text(spec)} (lock {p.lock})")
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            waited_since = _lock(lock, spec, p)
+        except OSError as exc:  # a file system without locks (NFS without lockd: ENOLCK; Lustre without flock)
+            raise ExtensionCacheUnwritable(p.root, exc, "cannot be locked") from None
         found = find(p)
-        if found is not None:
+        if found is not None and (not verify or intact(p)):
             if waited_since is not None:
                 say(f"{spec.label} is built: loading it from {p.entry}")
             return found, None
@@ -469,17 +535,23 @@ def _raise_if_failed_since(spec: Spec, p: Paths, since: float) -> None:
 
 
 def check(spec: Spec, root: Path | None = None) -> tuple[bool, str]:
-    """Verify the cache entry of ``spec`` against the sources: (ok, one line saying what was found)."""
+    """Verify the cache entry of ``spec`` (or one built for more targets) against the sources: (ok, one line saying
+    what was found)."""
     hashed = sources_hash(spec.root)
     p = paths(spec, root, hashed)
     if find(p) is None:
-        others = sorted(q.parent.name for q in p.root.glob(f"{spec.name}-*/build.json"))
-        tail = f"; the cache holds other builds ({', '.join(others)}): other sources, versions or targets" \
-            if others else ""
-        return False, f"no build of {spec.label} for {_archs_text(spec)} matching these sources in {p.root}{tail}"
+        covering = find_covering(spec, p.root, hashed)
+        if covering is None:
+            others = sorted(q.parent.name for q in p.root.glob(f"{spec.name}-*/build.json"))
+            tail = f"; the cache holds other builds ({', '.join(others)}): other sources, versions or targets" \
+                if others else ""
+            return False, f"no build of {spec.label} for {_archs_text(spec)} matching these sources in {p.root}{tail}"
+        p = covering
     meta = json.loads(p.meta.read_text())
     if meta.get("sources") != hashed or meta.get("files") != file_hashes(spec.root):
         return False, f"{p.entry}: recorded for other sources than {spec.root}"
-    if hashlib.sha256(p.library.read_bytes()).hexdigest() != meta.get("library_sha256"):
-        return False, f"{p.library}: differs from the library recorded when it was built (damaged: rebuild it)"
-    return True, f"{p.entry}: {spec.label} for {_archs_text(spec)}, built from these sources (sha256 {hashed[:16]})"
+    if not intact(p):
+        return False, (f"{p.library}: differs from the library recorded when it was built (damaged: python -m "
+                       f"rlkernel.build rebuilds it)")
+    built_for = ",".join(meta.get("archs") or [])
+    return True, f"{p.entry}: {spec.label} for {built_for}, built from these sources (sha256 {hashed[:16]})"

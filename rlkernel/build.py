@@ -4,7 +4,7 @@ of time into the cache the first fused call would build it into, or into a folde
 Prints a progress line per source on stderr and, when done, the entry's folder on stdout. Exit codes
 (docs/contracts.md, section 5): 0 built, already there, or ``--check`` passed; 1 the build or the check failed
 (the line names the log); 2 bad usage; 3 this machine cannot build it (no CUDA torch, no GPU and no ``--arch``,
-no nvcc or ninja, a cache folder that cannot be written).
+no nvcc or ninja, a cache folder that cannot be written or locked); 130 interrupted (Ctrl-C).
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -26,12 +27,15 @@ from rlkernel.cli import (
 PROG = "rlkernel-build"  # what its lines start with: main sets the name the user typed (python -m rlkernel.build)
 EPILOG = """\
 The cache is $RLKERNEL_CACHE_DIR (default ~/.cache/rlkernel); an entry is keyed by the sources' hash, the torch and
-CUDA versions and the targets, so a new version of any of them builds anew. MAX_JOBS caps the parallel compiles
-(ninja's default otherwise). A folder built with --out is used by pointing RLKERNEL_CACHE_DIR at it (it may be
-read-only then). An in-tree build (python setup.py build_ext --inplace) wins over the cache where it is there.
+CUDA versions and the targets, so a new version of any of them builds anew; an entry built for more targets (--arch
+sm_90a,sm_80) serves a machine that needs fewer. MAX_JOBS caps the parallel compiles (ninja's default otherwise).
+A folder built with --out is used by pointing RLKERNEL_CACHE_DIR at it (it may be read-only then). An entry whose
+library is damaged is rebuilt. An in-tree build (python setup.py build_ext --inplace) wins over the cache where it
+is there.
 
 exit codes: 0 built, already there, or --check passed; 1 the build or the check failed; 2 bad usage; 3 this machine
-cannot build it (no CUDA torch, no GPU and no --arch, no nvcc or ninja, an unwritable cache folder)."""
+cannot build it (no CUDA torch, no GPU and no --arch, no nvcc or ninja, a cache folder that cannot be written or
+locked); 130 interrupted (Ctrl-C)."""
 
 
 def build_parser(prog: str = "rlkernel-build") -> OneLineParser:
@@ -77,13 +81,13 @@ def run(args) -> int:
     if tree is not None:
         _progress(f"note: an in-tree build is there ({tree.origin}); it wins over this one wherever it is found")
     try:
-        library, seconds = _jit.ensure(spec, root, progress=_progress)
+        library, seconds = _jit.ensure(spec, root, progress=_progress, verify=True)
     except _ext.ExtensionBuildFailed as exc:
         return fail(PROG, str(exc.detail), EXIT_CHECK_FAILED)
     except _ext.ExtensionNotBuilt as exc:  # no nvcc / ninja, or the folder cannot take it
         return fail(PROG, exc.detail or exc.reason, EXIT_BLOCKED)
     if seconds is None:
-        _progress(f"{spec.label} for {','.join(spec.archs)} is already built: {library.parent}")
+        _progress(f"{spec.label} for {','.join(spec.archs)} is already built, intact: {library.parent}")
     if args.out is not None:
         _progress(f"use it with RLKERNEL_CACHE_DIR={root}")
     print(library.parent)
@@ -98,6 +102,8 @@ def main(argv=None) -> int:
         return run(build_parser(prog).parse_args(argv))
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
+    except KeyboardInterrupt:  # the build's compilers are stopped and its folder removed (rlkernel._jit)
+        return fail(PROG, "interrupted (Ctrl-C)", EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,63 @@ def test_check_verifies_the_entry_against_the_sources(built, tmp_path):
     assert not ok and "other sources, versions or targets" in line and p.entry.name in line
 
 
+def _multi_target_copy(built, cache: Path, spec: _jit.Spec) -> _jit.Paths:
+    """The shared build recorded as ``spec``'s entry in ``cache`` (what rlkernel-build --arch LIST --out writes)."""
+    q = _jit.paths(spec, cache)
+    q.entry.mkdir(parents=True)
+    shutil.copy(built["paths"].library, q.library)
+    meta = json.loads(built["paths"].meta.read_text())
+    q.meta.write_text(json.dumps({**meta, **_jit.key_fields(spec), "key": q.key}))
+    return q
+
+
+def _for_archs(archs, extra=()) -> _jit.Spec:
+    # as rlkernel_spec: the targets in a define of cflags and in the archs field
+    return _jit.Spec(**{**probe_spec(cflags=(*FLAGS, *extra, f"-DBUILT='\"{','.join(archs)}\"'")).__dict__,
+                        "archs": tuple(archs)})
+
+
+def test_an_entry_built_for_more_targets_serves_a_machine_that_needs_fewer(built, tmp_path):
+    # an image built with --arch sm_80,sm_90a on a node whose GPUs make the spec sm_90a alone: loaded, not rebuilt
+    cache = tmp_path / "image"
+    q = _multi_target_copy(built, cache, _for_archs(["sm_80", "sm_90a"]))
+    one = _for_archs(["sm_90a"])
+    assert _jit.find(_jit.paths(one, cache)) is None and _jit.find_covering(one, cache) == q
+    assert _jit.ensure(one, cache) == (q.library, None)
+    ok, line = _jit.check(one, cache)
+    assert ok and line.startswith(f"{q.entry}: the probe for sm_80,sm_90a")
+    for other in (_for_archs(["sm_100a"]), _for_archs(["sm_90a"], extra=("-O1",))):  # other target; other flags
+        assert _jit.find_covering(other, cache) is None
+
+
+def test_the_key_leaves_out_include_folders_outside_the_sources():
+    # a wheel's headers (CUTLASS) in one venv or another: the same build (a flag keys their version)
+    at = lambda *dirs: _jit.key(_jit.Spec(**{**probe_spec().__dict__, "include_dirs": dirs}))
+    assert at("/venv-a/site-packages/cutlass/include") == at("/venv-b/site-packages/cutlass/include") == at()
+    assert at("include") != at()  # a folder of the sources' own still counts
+
+
+def test_the_build_tool_rebuilds_a_damaged_entry(built, tmp_path):
+    cache = tmp_path / "cache"
+    shutil.copytree(built["cache"], cache)
+    p = _jit.paths(probe_spec(), cache)
+    p.library.write_bytes(p.library.read_bytes()[:100])  # truncated: --check says damaged, the import fails
+    assert _jit.ensure(probe_spec(), cache) == (p.library, None)  # a first call does not hash the library
+    library, seconds = _jit.ensure(probe_spec(), cache, verify=True)  # rlkernel-build's call
+    assert library == p.library and seconds is not None and _jit.intact(p) and _jit.check(probe_spec(), cache)[0]
+
+
+def test_a_cache_on_a_file_system_without_locks_is_a_typed_error(tmp_path, monkeypatch):
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.raises(_jit.ExtensionCacheUnwritable) as caught:
+        _jit.ensure(probe_spec(cflags=("-O1",)), tmp_path / "nfs")
+    assert caught.value.reason == "extension cache cannot be locked"
+    assert "No locks available" in caught.value.detail and "RLKERNEL_CACHE_DIR" in caught.value.detail
+
+
 # ------------------------------------------------------------------------------------------------ concurrency
 
 def test_processes_that_arrive_during_a_build_wait_and_it_happens_once(tmp_path):
@@ -457,6 +514,17 @@ def test_build_cli_help_and_usage():
         out = run("--arch", "9.0")
         assert out.returncode == 3 and out.stderr.strip() == (
             f"rlkernel.build: torch {torch.__version__} has no CUDA (the fused kernels need a CUDA build of torch)")
+
+
+def test_build_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    from rlkernel import build
+
+    def interrupted(_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "run", interrupted)
+    assert build.main(["--arch", "9.0"]) == 130
+    assert capsys.readouterr().err.strip() == "rlkernel-build: interrupted (Ctrl-C)"
 
 
 def test_setup_py_builds_in_the_tree_with_the_cache_s_flags(monkeypatch, capsys):
