@@ -15,7 +15,7 @@ import time
 
 import pandas as pd
 
-from pipelines import analysis, compare, cross_rank, inputs, outdir, phase_view, ranks, report, trace_db
+from pipelines import analysis, compare, cross_rank, durations, inputs, outdir, phase_view, ranks, report, trace_db
 from pipelines.inputs import UsageError
 from rlkernel import textsafe
 from rlkernel.cli import (
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
         if res.phase_view is not None and res.phase_view.headline:
             say(f"  {res.phase_view.headline}")
         for r in res.workloads.itertuples(index=False):
-            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {report.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
+            say(f"  {r.range}: {r.verdict} ({r.instances} repetitions, {durations.fmt_ns(r.mean_gpu_busy_ns)} GPU busy "
                 "each)")
         for f in fails:
             say(f"{PROG}: not fused: {f}", sys.stderr)
@@ -259,8 +259,8 @@ def regression_line(r, threshold: float) -> str:
             f"{int(r.cur_instances) if _known(r.cur_instances) else 'no'} repetitions")
     if _known(r.base_med_ns) and _known(r.cur_med_ns):
         delta = f"delta {r.delta_pct}%" if _known(r.delta_pct) else "no delta (the baseline's median is 0)"
-        return (f"regression: {r.name}: {verdicts}, median {report.fmt_ns(r.base_med_ns)} -> "
-                f"{report.fmt_ns(r.cur_med_ns)} GPU busy per repetition ({reps}), {delta} (threshold {threshold}%)")
+        return (f"regression: {r.name}: {verdicts}, median {durations.fmt_ns(r.base_med_ns)} -> "
+                f"{durations.fmt_ns(r.cur_med_ns)} GPU busy per repetition ({reps}), {delta} (threshold {threshold}%)")
     gone = " or ".join(side for side, v in (("the baseline", r.base_med_ns), ("this run", r.cur_med_ns))
                         if not _known(v))
     return f"regression: {r.name}: {verdicts} ({reps}); no median GPU busy time in {gone}, so no delta"

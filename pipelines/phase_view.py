@@ -10,10 +10,12 @@ details into text cells, and words the headline. Log-prob families are data (``r
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pandas as pd
 
 from pipelines import sql
+from pipelines.durations import fmt_ns
 from rlkernel import op_kernels  # torch-free data: the log-prob families' kernel globs
 
 PHASE_PREFIX = "phase:"  # rlkernel.phases: domain rlkernel, `phase:<name>`; `phase:step` is the step
@@ -147,7 +149,11 @@ def _with_details(con, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _pct(v: float) -> str:
-    return f"{v:.2g}" if v < 10 else f"{v:.0f}"
+    """A share in percent as a person reads it: one decimal below 10 (never an exponent), whole above, and never
+    rounded up to 100 from below."""
+    if v < 10:
+        return f"{v:.1f}".rstrip("0").rstrip(".")
+    return f"{v:.0f}" if v >= 100 or round(v) < 100 else f"{math.floor(v * 10) / 10:.1f}"
 
 
 def headline(steps: pd.DataFrame, phases: pd.DataFrame) -> str:
@@ -160,23 +166,18 @@ def headline(steps: pd.DataFrame, phases: pd.DataFrame) -> str:
     parts = [f"GPU busy {_pct(100.0 * steps['gpu_busy_ns'].sum() / wall if wall else 0.0)} % of the step"
              + (f" ({n} steps)" if n > 1 else "")]
     inner = phases[~phases["is_step"].astype(bool) & phases["step_share_pct"].notna()]
-    if len(inner):
-        top = inner.sort_values(["step_share_pct", "name"], ascending=[False, True]).iloc[0]
-        bound = "host-bound" if (top["busy_pct"] if pd.notna(top["busy_pct"]) else 0) < HOST_BOUND_PCT \
-            else "GPU-bound"
+    if len(inner):  # ranked and judged by the unrounded figures (the columns round to 2 decimals)
+        top = inner.sort_values(["step_span_ns", "name"], ascending=[False, True]).iloc[0]
+        busy = 100.0 * float(top["gpu_busy_ns"]) / float(top["total_ns"]) if top["total_ns"] else 0.0
+        bound = "host-bound" if busy < HOST_BOUND_PCT else "GPU-bound"
         parts.append(f"{top['name']} {_pct(float(top['step_share_pct']))} % of wall time, {bound} "
                      f"({float(top['host_syncs']) / n:g} syncs/step)")
     step_rows = phases[phases["is_step"].astype(bool)]
     if len(step_rows) and pd.notna(step_rows.iloc[0]["logprob_by"]):
         s = step_rows.iloc[0]
-        parts.append(f"log-probs: {s['logprob_by']}, {_fmt_ms(float(s['logprob_ns']) / n)}/step")
+        parts.append(f"log-probs: {s['logprob_by']}, {fmt_ns(float(s['logprob_ns']) / n)}/step")
     else:
         parts.append("log-probs: no log-prob kernels seen")
     return "; ".join(parts)
 
 
-def _fmt_ms(ns: float) -> str:
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if ns >= scale:
-            return f"{ns / scale:.3g} {unit}"
-    return f"{ns:.0f} ns"

@@ -17,6 +17,7 @@ import markupsafe
 import pandas as pd
 
 from pipelines import cells, datafiles, report_rows, timeline
+from pipelines.durations import fmt_ns
 from pipelines.manifest import ENV_ALLOWED
 from rlkernel import textsafe
 
@@ -56,15 +57,6 @@ def code_spans(text) -> markupsafe.Markup:
         markupsafe.escape(textsafe.visible(p)) for i, p in enumerate(parts))
 
 
-def fmt_ns(v) -> str:
-    """A duration in ns, as a human reads it (the CSVs keep the raw ns)."""
-    if v is None or (isinstance(v, float) and v != v):
-        return ""
-    v = float(v)
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v:.0f} ns"
 
 
 def fmt_num(v) -> str:

@@ -16,8 +16,8 @@ domains AS (
     WHERE ev.eventType = 75
     GROUP BY ev.domainId, ev.proc
 ),
-bounds AS (
-    SELECT max(greatest(start, coalesce("end", start))) AS tmax FROM ev WHERE eventType IN (59, 60, 70, 71)
+bounds AS (  -- over every NVTX event (marks, domain and string registrations too), as nsys's nvtx reports take it
+    SELECT max(greatest(start, coalesce("end", start))) AS tmax FROM ev
 )
 SELECT
     row_number() OVER (ORDER BY ev.start, ev.globalTid, ev."end" DESC) AS range_id,

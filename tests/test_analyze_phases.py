@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 import pytest
 
-from pipelines import analysis, analyze, phase_view
+from pipelines import analysis, analyze, durations, phase_view
 from rlkernel import op_kernels
 from rlkernel.cli import EXIT_OK, EXIT_USAGE
 from tests.nsys_reference import DATA, check_against_nvidia, nvidia, nvtx_instances
@@ -418,3 +418,34 @@ def test_the_liger_capture_names_ligers_logprob_kernels():
     assert p.loc["liger_chunked_grpo", "logprob_by"] != "Liger"
     assert p.loc["torch_log_softmax", "logprob_by"] == "PyTorch log_softmax"
     assert res.phase_view.headline.startswith("GPU busy ") and "(2 steps)" in res.phase_view.headline
+
+
+def _headline_of(phase_rows):
+    """phase_view.headline over one 3 ms step and the given phases (name, wall ns inside the step, GPU busy ns)."""
+    steps = pd.DataFrame({"wall_ns": [3_000_000], "gpu_busy_ns": [1_000_000]})
+    rows = [dict(name="step", is_step=True, step_share_pct=100.0, step_span_ns=3_000_000, total_ns=3_000_000,
+                 gpu_busy_ns=1_000_000, busy_pct=33.33, host_syncs=0, logprob_by=None, logprob_ns=None)]
+    for name, span, busy in phase_rows:
+        rows.append(dict(name=name, is_step=False, step_share_pct=round(100.0 * span / 3_000_000, 2),
+                         step_span_ns=span, total_ns=span, gpu_busy_ns=busy, busy_pct=round(100.0 * busy / span, 2),
+                         host_syncs=0, logprob_by=None, logprob_ns=None))
+    return phase_view.headline(steps, pd.DataFrame(rows))
+
+
+def test_the_headline_ranks_and_judges_phases_unrounded():
+    # 49.996 % busy rounds to 50.00 in the column: still host-bound (< 50 %)
+    assert "loss 33 % of wall time, host-bound" in _headline_of([("loss", 1_000_000, 499_960)])
+    # b is longer by 30 ns, both 33.33 % once rounded: b is named, not the first by name
+    assert "; b 33 % of wall time" in _headline_of([("a", 999_990, 0), ("b", 1_000_020, 0)])
+
+
+@pytest.mark.parametrize(("ns", "text"), [(999_600, "1 ms"), (999_400, "999 µs"), (999.6, "1 µs"), (999.4, "999 ns"),
+                                          (1_234_567_890, "1.23 s"), (None, ""), (float("nan"), "")])
+def test_durations_move_up_a_unit_rather_than_print_an_exponent(ns, text):
+    assert durations.fmt_ns(ns) == text
+
+
+@pytest.mark.parametrize(("pct", "text"), [(1e-8, "0"), (0.0, "0"), (2.54, "2.5"), (27.3, "27"), (99.6, "99.6"),
+                                           (99.96, "99.9"), (100.0, "100")])
+def test_headline_shares_never_print_an_exponent_or_round_up_to_100(pct, text):
+    assert phase_view._pct(pct) == text

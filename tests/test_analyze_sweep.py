@@ -74,6 +74,12 @@ def test_start_end_ranges_same_thread_and_cross_thread():
 def test_unclosed_range_runs_to_the_last_nvtx_timestamp():
     con = build(ranges=[("open", 0, None, T1), ("later", 500, 600, T1)], launches=[(T1, 550, 551)])
     assert attribution(con)[100] == ["later", "open"]
+    # the last timestamp of any NVTX event, a mark or a registration too (nsys's nvtx reports: max over
+    # NVTX_EVENTS), not of the ranges alone: a job killed mid-step still writes events after its last range
+    con.execute("INSERT INTO src_NVTX_EVENTS (start, \"end\", eventType, text, globalTid, domainId) "
+                "VALUES (900, NULL, 34, 'a mark', ?, 0)", [T1])
+    sql.stage(con)
+    assert con.execute("SELECT \"end\" FROM ranges WHERE message = 'open'").fetchone() == (900,)
 
 
 def test_a_million_ranges_cost_a_sort_not_a_square():
