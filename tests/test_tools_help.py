@@ -70,6 +70,21 @@ def test_gpu_check_unknown_stage_before_anything(tmp_path, stages):
     assert _tree(tree) == before and list(tmp.iterdir()) == []
 
 
+def test_gpu_check_with_every_gpu_hidden_exits_3_and_leaves_no_scratch(tmp_path):
+    # CUDA_VISIBLE_DEVICES set but empty stays empty (it once became GPU 0); the GPU selection is then blocked on any
+    # machine, and a run that proved nothing exits 3, not 0; the script's scratch folder is removed
+    tmp, out_dir = tmp_path / "tmp", tmp_path / "out"
+    tmp.mkdir()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp), "OUT": str(out_dir),
+           "PYTHON": sys.executable, "PYTHONPATH": pythonpath()}
+    out = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh"), "node"], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=300)
+    summary = (out_dir / "summary.txt").read_text()
+    assert out.returncode == 3, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "CUDA_VISIBLE_DEVICES=)" in summary and "select-gpu         blocked" in summary
+    assert list(tmp.iterdir()) == []
+
+
 @pytest.mark.smoke
 @pytest.mark.parametrize("args, words", [
     ([], "give OLD_COMMIT NEW_COMMIT (see --help)"),

@@ -7,11 +7,12 @@
 # (and `example`: a small nsys capture of the log-prob workloads, analysed with --require-fused, the run tarred
 # into the output folder: the analyzer's bundled example is made from it)
 # Each stage takes a few minutes at most, so one device call can run one or a few of them. Each step's exit code
-# is read per the contracts: 0 pass, 3 blocked (this machine lacks what it needs), anything else fail.
+# is read per the contracts: 0 pass, 3 blocked (this machine lacks what it needs), anything else fail. Its own exit
+# code: 1 when a step failed, else 3 when a step was blocked (nothing proved on this machine), else 0.
 # Logs go to $OUT (or ./reports/gpu_check when OUT is unset): one log per step, bundled into logs.tgz, and
 # summary.txt, a one-screen table of every step and the trace verdict of every fused workload.
 set -u
-case "${1:-}" in -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
+case "${1:-}" in -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac  # help only: nothing run
 known="node build tests profile grpo capture bench example"
 stages=${*:-node build tests profile grpo capture bench}
 for s in $stages; do  # every stage named is known before anything is made or run
@@ -20,13 +21,15 @@ done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 out=${OUT:-$root/reports/gpu_check}
-logs=$(mktemp -d)/logs  # outside $OUT: only logs.tgz and summary.txt go there
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+logs=$scratch/logs  # outside $OUT: only logs.tgz and summary.txt go there
 mkdir -p "$out" "$logs"
 summary="$out/summary.txt"
 : > "$logs/steps.tsv"
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # scripts import the tree, installed or not
-gpu=${CUDA_VISIBLE_DEVICES:-0}
+gpu=${CUDA_VISIBLE_DEVICES-0}  # set but empty (every GPU hidden) stays empty: the steps then say blocked
 export CUDA_VISIBLE_DEVICES=$gpu
 
 step() {  # step NAME COMMAND...: run, log, classify
@@ -147,4 +150,5 @@ verdicts=$(for r in $new_runs; do csv="${r}report/dispatch.csv"; [ -f "$csv" ] &
 tar czf "$out/logs.tgz" -C "$(dirname "$logs")" logs 2>/dev/null
 cat "$summary"
 grep -q $'\tfail\t' "$logs/steps.tsv" && exit 1
+grep -q $'\tblocked\t' "$logs/steps.tsv" && exit 3
 exit 0
