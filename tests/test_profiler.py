@@ -20,6 +20,7 @@ from rlkernel import env, workloads
 from rlkernel.profiling import cli, suite, writers
 from rlkernel.profiling.rows import COLUMNS, SMOKE_NOTE, git_commit
 from rlkernel.profiling.timing import quantile, summarize
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "run_profile_suite.py"
@@ -275,7 +276,9 @@ def test_sampling_ignores_seq_lens(tmp_path, capsys):
     (["--seed", "99999999999999999999"], 2, "expected an integer that fits 64 bits"),
     (["--vocab-sizes", f"32,{2 ** 63}"], 2, "expected integers that fit 64 bits"),
     (["--top-p", "1.5"], 2, "--top-p must be in (0, 1]"),
-    (["--temperature", "nan"], 2, "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], 2, "--temperature: temperature must be a finite number >= 0"),
+    (["--temperature", "1e-310", "--workloads", "logp-native"], 2, "--temperature: temperature 1e-310 is too small"),
+    (["--temperature", "1e39", "--workloads", "sampling-native"], 2, "--temperature: temperature 1e+39 is too large"),
     (["--temperature", "0", "--workloads", "logp-native"], 2, "applies only to sampling workloads"),
     (["--dtype", "float64"], 2, "invalid choice"),
     (["--smoke", "--repeat", "3"], 2, "--smoke sets --repeat"),
@@ -288,6 +291,17 @@ def test_flag_errors_one_line_no_files(tmp_path, capsys, args, code, message):
     assert cli.main([*base, *args, "--output-dir", str(tmp_path / "out")]) == code
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("run_profile_suite.py: ") and message in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.smoke
+def test_a_shape_whose_logits_overflow_64_bits_is_a_usage_error(tmp_path, capsys):
+    # each size fits int64, their product does not: refused before any row (it was a failed row, exit 1)
+    assert cli.main(["--device", "cpu", "--dtype", "float32", "--batch-sizes", "2", "--seq-lens", "1",
+                     "--vocab-sizes", str(2 ** 62), "--workloads", "logp-native", "--warmup", "0", "--repeat", "1",
+                     "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "logits are more bytes than 64 bits count" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -367,3 +381,16 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].endswith("interrupted (Ctrl-C)") and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.smoke
+def test_the_recorded_command_of_python_m_is_the_one_to_run_again(tmp_path):
+    # python -m puts the module file's path in argv[0]: the rows name `python -m rlkernel.profiling ...` instead
+    out = subprocess.run([sys.executable, "-m", "rlkernel.profiling", "--device", "cpu", "--smoke", "--workloads",
+                          "logp-native", "--output-dir", str(tmp_path), "--json", "--no-summary"],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": pythonpath()}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    (path,) = tmp_path.glob("*.json")
+    want = f"python -m rlkernel.profiling --device cpu --smoke --workloads logp-native --output-dir {tmp_path} " \
+           "--json --no-summary"
+    assert {r["command"] for r in json.loads(path.read_text())["rows"]} == {want}

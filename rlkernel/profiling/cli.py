@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from rlkernel import env, workloads
+from rlkernel import env, validate, workloads
 from rlkernel.cli import (
     EXIT_BLOCKED,
     EXIT_CHECK_FAILED,
@@ -152,10 +152,12 @@ def config(args) -> SuiteConfig:
     chosen = tuple(workloads.get(n) for n in dict.fromkeys(names))
     if not 0.0 < args.top_p <= 1.0:
         raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not args.temperature >= 0.0 or args.temperature == float("inf"):
-        raise CliError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.temperature == 0.0 and any(w.op != "sample" for w in chosen):
         raise CliError("--temperature 0 (argmax) applies only to sampling workloads; log-probs need > 0")
+    try:  # the ops' own rule (a finite, float32-representable scale), or every row would fail after the run
+        validate.check_temperature(args.temperature, allow_zero=True)
+    except ValueError as exc:
+        raise CliError(f"--temperature: {exc}") from None
     cfg = SuiteConfig(device=dev, dtype=dtype, batch_sizes=args.batch_sizes, seq_lens=args.seq_lens,
                       vocab_sizes=args.vocab_sizes, workloads=chosen, top_k=args.top_k, top_p=args.top_p,
                       temperature=args.temperature, seed=args.seed, warmup=args.warmup, repeat=args.repeat,
@@ -164,6 +166,10 @@ def config(args) -> SuiteConfig:
         error = w.shape_error(shape)
         if error:
             raise CliError(error)
+        s = w.effective_shape(shape)
+        if s.rows * s.vocab_size * dtype.itemsize > INT64_MAX:  # the logits' bytes: torch sizes them in int64
+            raise CliError(f"{w.name}: {s.rows} rows x {s.vocab_size} vocabulary {rows_mod.dtype_name(dtype)} "
+                           "logits are more bytes than 64 bits count")
     return cfg
 
 
@@ -214,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     full = sys.argv if argv is None else ["scripts/run_profile_suite.py", *argv]
     prog = prog_name("rlkernel.profiling", full[0])
     PROG = message_prefix(prog)
+    # the command as typed, to run again (a row's `command`): `python -m ...` rather than the module file's path
+    command = shlex.join(full) if not prog.startswith("python -m ") else f"{prog} {shlex.join(full[1:])}".rstrip()
     try:
-        return run(full[1:], shlex.join(full), prog)
+        return run(full[1:], command, prog)
     except CliError as exc:
         return fail(PROG, str(exc), exc.code)
     except KeyboardInterrupt:  # write_reports replaces its files whole: none of this run's, or all of them
