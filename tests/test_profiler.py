@@ -394,3 +394,17 @@ def test_the_recorded_command_of_python_m_is_the_one_to_run_again(tmp_path):
     want = f"python -m rlkernel.profiling --device cpu --smoke --workloads logp-native --output-dir {tmp_path} " \
            "--json --no-summary"
     assert {r["command"] for r in json.loads(path.read_text())["rows"]} == {want}
+
+
+@pytest.mark.smoke
+def test_mixed_setting_rows_do_not_claim_the_flags_settings(tmp_path):
+    # sampling-mixed-* cycles its own per-row grid: its row leaves top_k / top_p / temperature empty and says why
+    assert cli.main(["--device", "cpu", "--smoke", "--workloads", "sampling-mixed-native,sampling-native",
+                     "--top-k", "3", "--top-p", "0.2", "--temperature", "0.5", "--output-dir", str(tmp_path),
+                     "--json", "--no-summary"]) == 0
+    (path,) = tmp_path.glob("*.json")
+    rows = {r["workload"]: r for r in json.loads(path.read_text())["rows"]}
+    mixed, plain = rows["sampling-mixed-native"], rows["sampling-native"]
+    assert (mixed["top_k"], mixed["top_p"], mixed["temperature"]) == (None, None, None)
+    assert "the workload sets its own per row" in mixed["notes"]
+    assert (plain["top_k"], plain["top_p"], plain["temperature"]) == (3, 0.2, 0.5)

@@ -65,8 +65,10 @@ def make_row(*, workload: Workload, shape: Shape, dtype: torch.dtype, warmup: in
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
     eff = workload.effective_shape(shape)
     nbytes = workload.bytes_moved(shape, dtype)
-    filters = workload.op not in _NO_FILTER_OPS
+    filters = workload.op not in _NO_FILTER_OPS and not workload.own_settings
     notes = list(notes)
+    if workload.own_settings:
+        notes.append("top_k / top_p / temperature empty: the workload sets its own per row")
     latency = p20 = p80 = tps = gbps = pct = None
     if stats is not None:
         latency, p20, p80 = stats.median_ms, stats.p20_ms, stats.p80_ms
@@ -86,7 +88,8 @@ def make_row(*, workload: Workload, shape: Shape, dtype: torch.dtype, warmup: in
         "timestamp": utc_now(), "workload": workload.name, "op": workload.op, "batch_size": eff.batch_size,
         "seq_len": eff.seq_len, "vocab_size": eff.vocab_size, "dtype": dtype_name(dtype),
         "top_k": eff.top_k if filters else None, "top_p": eff.top_p if filters else None,
-        "temperature": eff.temperature, "total_tokens": eff.rows, "warmup": warmup, "repeat": repeat,
+        "temperature": None if workload.own_settings else eff.temperature, "total_tokens": eff.rows,
+        "warmup": warmup, "repeat": repeat,
         "latency_ms": latency, "latency_p20_ms": p20, "latency_p80_ms": p80, "tokens_per_sec": tps,
         "bytes_moved": nbytes, "achieved_gbps": gbps, "pct_of_peak_bandwidth": pct, "peak_memory_bytes": peak_memory,
         "status": status, "dispatch": dispatch, "notes": "; ".join(n for n in notes if n),

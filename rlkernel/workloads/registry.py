@@ -54,6 +54,7 @@ class Workload:
     compare: Callable[[dict], str | None] | None = None
     has_backward: bool = False
     uses_seq_len: bool = True
+    own_settings: bool = False  # sets its own sampling settings per row: the shape's top_k/top_p/temperature unused
     fused_patterns: tuple[str, ...] = field(default=("rlkernel_*",))
     check_shape: Callable[[Shape], str | None] | None = None  # why a shape cannot run, for CLIs to refuse it early
 

@@ -113,5 +113,5 @@ def workloads(path: str, backend: str) -> list[Workload]:
             description=f"sampling with mixed per-row settings (T, top_k, top_p, min_p cycled over the issue-20 grid) "
                         f"and per-row seeds in one call, {path} path",
             build=_mixed_inputs, step=_sample_step(backend), count_bytes=_sample_bytes, count_flops=_sample_flops,
-            compare=_compare_sample if fused else None, uses_seq_len=False),
+            compare=_compare_sample if fused else None, uses_seq_len=False, own_settings=True),
     ]
