@@ -408,3 +408,16 @@ def test_mixed_setting_rows_do_not_claim_the_flags_settings(tmp_path):
     assert (mixed["top_k"], mixed["top_p"], mixed["temperature"]) == (None, None, None)
     assert "the workload sets its own per row" in mixed["notes"]
     assert (plain["top_k"], plain["top_p"], plain["temperature"]) == (3, 0.2, 0.5)
+
+
+@pytest.mark.smoke
+def test_require_fused_fails_a_fused_row_that_ran_out_of_memory():
+    # an oom row proves nothing: without --require-fused it is a row status, with it the run fails
+    cfg = dataclasses.replace(cli.config(cli.parser().parse_args(["--device", "cpu", "--smoke", "--workloads",
+                                                                  "logp-fused,logp-native"])), require_fused=True)
+    rows = [{"workload": "logp-native", "status": "oom", "dispatch": ""},
+            {"workload": "logp-fused", "status": "pass", "dispatch": "fused"}]
+    assert suite.exit_status(rows, cfg) == "ok"  # a native row's oom is not the flag's business
+    rows.append({"workload": "logp-fused", "status": "oom", "dispatch": ""})
+    assert suite.exit_status(rows, cfg) == "failed"
+    assert suite.exit_status(rows, dataclasses.replace(cfg, require_fused=False)) == "ok"

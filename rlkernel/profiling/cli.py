@@ -26,7 +26,7 @@ from rlkernel.cli import (
     prog_name,
 )
 from rlkernel.profiling import rows as rows_mod
-from rlkernel.profiling.suite import SuiteConfig, exit_status, plan, run_suite
+from rlkernel.profiling.suite import SuiteConfig, exit_status, fused_rows, plan, run_suite
 from rlkernel.profiling.summary import progress_line, table
 from rlkernel.profiling.writers import write_reports
 
@@ -80,7 +80,8 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
         "Time registry workloads over shapes and write a profile_<UTC timestamp>.csv/.json report. Each row has "
         "a status (pass, blocked, oom, fail) and the dispatch the ops recorded (native, fused, fallback, blocked). "
         "Exit 0 when every row is pass/blocked/oom; 1 when a row failed, or under --require-fused a fused row ran "
-        "but not fused; 2 on bad flags; 3 when the device is missing or --require-fused cannot be met here."))
+        "but not fused or ran out of memory; 2 on bad flags; 3 when the device is missing or --require-fused cannot "
+        "be met here."))
     ap.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
     ap.add_argument("--dtype", choices=list(workloads.DTYPES),
                     help="logits dtype (default: float16 on cuda, float32 on cpu)")
@@ -104,7 +105,8 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     ap.add_argument("--smoke", action="store_true",
                     help="batch 2, seq 4, vocab 32, float32, warmup 0, repeat 1 (not combinable with those flags)")
     ap.add_argument("--require-fused", action="store_true",
-                    help="fused workloads must run fused: blocked (exit 3) where they cannot, exit 1 if one fell back")
+                    help="fused workloads must run fused: blocked (exit 3) where they cannot, exit 1 if one fell back "
+                    "or ran out of memory (nothing proved at that shape)")
     ap.add_argument("--no-summary", action="store_true", help="skip the table at the end")
     return ap
 
@@ -206,7 +208,10 @@ def run(argv: list[str], command: str, prog: str = PROG) -> int:
     verdict = exit_status(rows, cfg)
     if verdict == "failed":
         bad = [r for r in rows if r["status"] == "fail"]
-        what = f"{len(bad)} row(s) failed" if bad else "--require-fused: a fused workload ran without the fused path"
+        oom = [r["workload"] for r in fused_rows(rows, cfg) if r["status"] == "oom"]
+        what = (f"{len(bad)} row(s) failed" if bad else
+                f"--require-fused: {oom[0]} ran out of memory, so nothing proved it fused at that shape" if oom else
+                "--require-fused: a fused workload ran without the fused path")
         return fail(PROG, what, EXIT_CHECK_FAILED)
     if verdict == "blocked":
         reason = next(r["notes"] for r in rows if r["status"] == "blocked")

@@ -155,16 +155,20 @@ def run_suite(cfg: SuiteConfig, context: dict, bandwidth: int | None,
 
 
 def exit_status(rows: list[dict], cfg: SuiteConfig) -> str:
-    """``ok``, ``failed`` (a fail row, or a fused row under --require-fused that ran but not fused) or ``blocked``."""
-    fused = [r for r in rows if _is_fused(r, cfg)]
+    """``ok``, ``failed`` (a fail row, or under --require-fused a fused row that ran but not fused, or that ran out
+    of memory: nothing proved at that shape) or ``blocked``."""
+    fused = fused_rows(rows, cfg)
     if any(r["status"] == "fail" for r in rows):
         return "failed"
-    if cfg.require_fused and any(r["status"] == "pass" and r["dispatch"] != "fused" for r in fused):
+    if cfg.require_fused and any(r["status"] == "pass" and r["dispatch"] != "fused" or r["status"] == "oom"
+                                 for r in fused):
         return "failed"
     if cfg.require_fused and any(r["status"] == "blocked" for r in fused):
         return "blocked"
     return "ok"
 
 
-def _is_fused(row: dict, cfg: SuiteConfig) -> bool:
-    return any(w.name == row["workload"] and w.path == "fused" for w in cfg.workloads)
+def fused_rows(rows: list[dict], cfg: SuiteConfig) -> list[dict]:
+    """The rows of the run's fused workloads."""
+    fused = {w.name for w in cfg.workloads if w.path == "fused"}
+    return [r for r in rows if r["workload"] in fused]
