@@ -11,15 +11,20 @@ import sys
 from collections.abc import Callable
 
 
-class _Missing:
-    """No instance attribute was there before the patch (it is deleted on undo). A copy is the one sentinel, so the
-    patch a deep copy of a patched model carries still recognises it."""
+class _CopiedAsItself:
+    """An object there is one of per process: a copy, deep or not, is the object itself (a deep copy of a patched
+    model or class carries its Patch, and with it these)."""
 
     def __copy__(self):
         return self
 
     def __deepcopy__(self, memo):
         return self
+
+
+class _Missing(_CopiedAsItself):
+    """No instance attribute was there before the patch (it is deleted on undo): the one sentinel, so the patch a
+    deep copy of a patched model carries still recognises it."""
 
 
 _MISSING = _Missing()
@@ -111,23 +116,18 @@ def reuse(existing: Patch | None, name: str, options: dict) -> Patch | None:
     return existing
 
 
-class ProcessPatch:
+class ProcessPatch(_CopiedAsItself):
     """The one patch of a process-wide integration (a framework's module functions or classes): the active Patch,
     the rlkernel ops' options its replacements call with, and the framework's own functions they replaced, kept
     past undo(): a framework module imported while the patch was active bound a replacement, which then calls the
-    framework's own again (replacements check ``active``)."""
+    framework's own again (replacements check ``active``). Undoing a deep copy of its patch (a patch of classes)
+    frees this slot, the one per process."""
 
     def __init__(self, name: str):
         self.name = name
         self.patch: Patch | None = None
         self.options: dict = {}
         self.originals: dict = {}
-
-    def __copy__(self):  # one per process: a deep copy of a patch (a patched class's) undoes this one's state
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
 
     @property
     def active(self) -> bool:

@@ -53,14 +53,14 @@ def head_fallback_reason(hidden, weight, temperature, reduction, dist_process_gr
 
 def linear_cross_entropy(hidden, weight, labels, temperature=1.0, reduction="none", dist_process_group=None):
     """verl's ``linear_cross_entropy`` by rlkernel.linear_logp: ``(log_probs, entropy)``."""
-    verls = _slot.originals["linear_cross_entropy"]
+    verl_own = _slot.originals["linear_cross_entropy"]
     if not _slot.active:  # bound by a verl module while the patch was active, called after undo(): verl's own
-        return verls(hidden, weight, labels, temperature, reduction, dist_process_group)
+        return verl_own(hidden, weight, labels, temperature, reduction, dist_process_group)
     reason = head_fallback_reason(hidden, weight, temperature, reduction, dist_process_group)
     opts = _slot.options
     if reason is not None:
         dispatch.framework_fallback(OP, reason, **opts)
-        return verls(hidden, weight, labels, temperature, reduction, dist_process_group)
+        return verl_own(hidden, weight, labels, temperature, reduction, dist_process_group)
     with _head.autocast_off(hidden):
         return rlkernel.linear_logp(hidden, weight, labels.to(torch.int64), temperature=temperature,
                                     return_entropy=True, **opts)
